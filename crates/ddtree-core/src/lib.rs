@@ -1,0 +1,18 @@
+//! ddtree-core: a DDTree round on the CPU, exactly as `SPEC.md` defines it.
+//!
+//! Modules are named after SPEC.md's stages so the reference (`ddtree.reference`), this
+//! crate and the CUDA kernels read side by side:
+//! [`candidates`] (stage 1), [`select`] (stage 2), [`emit`] (stage 3), [`accept`] (stage 4),
+//! [`commit`] (stage 5); [`batch`] runs a whole batch of requests in parallel.
+
+pub mod accept;
+pub mod batch;
+pub mod candidates;
+pub mod commit;
+pub mod emit;
+mod error;
+pub mod logits;
+pub mod sample;
+pub mod select;
+
+pub use error::{ArgError, Result};

@@ -1,0 +1,81 @@
+//! Tensors handed over by the Python layer as raw pointers.
+//!
+//! `ddtree._core` is private: its only caller, the `ddtree` package, passes the
+//! `data_ptr()`, dtype, shape and element strides of live CPU tensors that it has already
+//! checked (device, dtype, rank, sizes) and keeps alive for the whole call. That contract is
+//! what makes the `unsafe` slices below sound; the core re-checks every shape it relies on.
+
+use ddtree_core::logits::{Element, Logits3};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+/// `{"ptr", "dtype", "shape", "strides"}` of a tensor, as `ddtree._cpu.tensor_arg` sends it.
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+pub struct TensorArg {
+    pub ptr: usize,
+    pub dtype: String,
+    pub shape: Vec<usize>,
+    pub strides: Vec<usize>,
+}
+
+/// Element type of a logits tensor.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum LogitsDtype {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl TensorArg {
+    /// The logits dtype, or a `ValueError` naming `arg`.
+    pub fn logits_dtype(&self, arg: &str) -> PyResult<LogitsDtype> {
+        match self.dtype.as_str() {
+            "float32" => Ok(LogitsDtype::F32),
+            "float16" => Ok(LogitsDtype::F16),
+            "bfloat16" => Ok(LogitsDtype::Bf16),
+            other => Err(PyValueError::new_err(format!(
+                "{arg}: dtype must be bfloat16, float16 or float32, got {other}"
+            ))),
+        }
+    }
+
+    /// A rank-3 strided view of the tensor as `T`.
+    ///
+    /// # Safety
+    /// `ptr` must address a live tensor of element type `T` whose every index under
+    /// `shape`/`strides` is readable for the lifetime `'a`.
+    pub unsafe fn logits3<'a, T: Element>(&self, arg: &'static str) -> PyResult<Logits3<'a, T>> {
+        let (shape, strides) = match (&self.shape[..], &self.strides[..]) {
+            (&[a, b, c], &[sa, sb, sc]) => ([a, b, c], [sa, sb, sc]),
+            _ => {
+                return Err(PyValueError::new_err(format!(
+                    "{arg}: must be 3-D, got shape {:?}",
+                    self.shape
+                )))
+            }
+        };
+        let extent = 1
+            + (0..3)
+                .map(|i| shape[i].saturating_sub(1) * strides[i])
+                .sum::<usize>();
+        let data = std::slice::from_raw_parts(self.ptr as *const T, extent);
+        Logits3::new(arg, data, shape, strides).map_err(crate::errors::to_py)
+    }
+}
+
+/// A contiguous read-only buffer of `len` elements at `ptr`.
+///
+/// # Safety
+/// `ptr` must address `len` live, initialised, properly aligned elements of `T`.
+pub unsafe fn slice<'a, T>(ptr: usize, len: usize) -> &'a [T] {
+    std::slice::from_raw_parts(ptr as *const T, len)
+}
+
+/// A contiguous writable buffer of `len` elements at `ptr`, aliased by nothing else.
+///
+/// # Safety
+/// As [`slice`], and no other live reference may overlap it.
+pub unsafe fn slice_mut<'a, T>(ptr: usize, len: usize) -> &'a mut [T] {
+    std::slice::from_raw_parts_mut(ptr as *mut T, len)
+}

@@ -1,0 +1,112 @@
+"""The functional API: ``build_tree`` and ``accept_tree`` (they allocate their outputs)."""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+from . import _buffers, _cpu, _validate
+from ._types import Acceptance, Tree
+
+
+def build_tree(draft_logits, root_tokens, prefix_lens, *, budget, topk=None) -> Tree:
+    """SPEC stages 1–3: draft logits ``[bs, L, V]`` → the verify inputs of every request."""
+    x, roots, prefix, budget, topk = check_build(
+        draft_logits, root_tokens, prefix_lens, budget, topk
+    )
+    bs, depth, vocab = x.shape
+    tree = _buffers.new_tree(bs, depth, k_of(budget, vocab, topk), budget, x.device)
+    _cpu.build_into(tree, x, roots, prefix, budget, topk)
+    return tree
+
+
+def k_of(budget: int, vocab: int, topk: int | None) -> int:
+    """SPEC's K = min(B, V, topk cap)."""
+    return min(budget, vocab, topk if topk is not None else budget)
+
+
+def check_build(draft_logits, root_tokens, prefix_lens, budget, topk, *, max_depth=None):
+    x = _validate.logits("draft_logits", draft_logits, max_depth=max_depth or _validate.MAX_DEPTH)
+    bs, _, vocab = x.shape
+    roots = _validate.index_vector("root_tokens", root_tokens, bs, x.device)
+    prefix = _validate.index_vector("prefix_lens", prefix_lens, bs, x.device)
+    budget = _validate.positive_int("budget", budget, limit=_validate.MAX_BUDGET)
+    topk = _validate.optional_positive_int("topk", topk)
+    _validate.in_vocab("root_tokens", roots, vocab)
+    _validate.non_negative("prefix_lens", prefix)
+    _validate.require_cpu(x.device, "build_tree")
+    return x, roots, prefix, budget, topk
+
+
+def accept_tree(
+    tree: Tree, target_logits, *, temperature=None, top_k=None, top_p=None, generator=None
+) -> Acceptance:
+    """SPEC stage 4: walk ``tree`` along the posterior tokens of ``target_logits``."""
+    if not isinstance(tree, Tree):
+        raise TypeError(f"tree: expected a ddtree.Tree, got {type(tree).__name__}")
+    acc = _buffers.new_acceptance(tree.batch_size, tree.depth, tree.device)
+    accept_into(tree, target_logits, acc, temperature, top_k, top_p, generator)
+    return acc
+
+
+def accept_into(tree, target_logits, acc, temperature, top_k, top_p, generator) -> None:
+    """Checks every argument, then runs the greedy or the sampling walk into ``acc``."""
+    t = check_target(tree, target_logits)
+    params = sampling_params(tree.batch_size, temperature, top_k, top_p)
+    _validate.require_cpu(t.device, "accept_tree")
+    if params is None:
+        _cpu.accept_greedy_into(tree, t, acc)
+    else:
+        _cpu.accept_sampled_into(tree, t, acc, params, seed_of(generator))
+
+
+def check_target(tree: Tree, target_logits) -> torch.Tensor:
+    t = _validate.logits("target_logits", target_logits)
+    want = (tree.batch_size, tree.width)
+    if tuple(t.shape[:2]) != want:
+        raise ValueError(
+            f"target_logits: shape must be [{want[0]}, {want[1]}, V] for this tree, "
+            f"got {list(t.shape)}"
+        )
+    _validate.same_device("target_logits", t, tree.device)
+    return t
+
+
+def _per_request(name: str, value, bs: int, dtype, default, kind) -> torch.Tensor:
+    """A scalar, None or a ``[bs]`` tensor → a contiguous CPU ``[bs]`` tensor of ``dtype``."""
+    if value is None:
+        return torch.full((bs,), default, dtype=dtype)
+    if isinstance(value, torch.Tensor):
+        if value.shape != (bs,):
+            raise ValueError(f"{name}: must be a scalar or a [{bs}] tensor, got {list(value.shape)}")
+        return value.detach().to(device="cpu", dtype=dtype).contiguous()
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise TypeError(f"{name}: expected None, a number or a tensor, got {type(value).__name__}")
+    return torch.full((bs,), value, dtype=dtype)
+
+
+def sampling_params(bs: int, temperature, top_k, top_p):
+    """Per-request (temperature, top_k, top_p) tensors, or None when every request is greedy."""
+    temp = _per_request("temperature", temperature, bs, torch.float64, 0.0, numbers.Real)
+    k = _per_request("top_k", top_k, bs, torch.int64, 0, numbers.Integral)
+    p = _per_request("top_p", top_p, bs, torch.float64, 1.0, numbers.Real)
+    if not bool(torch.isfinite(temp).all()) or bool((temp < 0).any()):
+        raise ValueError("temperature: must be finite and ≥ 0")
+    if bool(((p <= 0) | (p > 1) | torch.isnan(p)).any()):
+        raise ValueError("top_p: must be in (0, 1]")
+    if bool((temp == 0).all()):
+        return None
+    return temp, k, p
+
+
+def seed_of(generator) -> int:
+    """A 63-bit seed: an int as given, else drawn from ``generator`` (or torch's default)."""
+    if isinstance(generator, numbers.Integral) and not isinstance(generator, bool):
+        return int(generator) & ((1 << 64) - 1)
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(
+            f"generator: expected None, an int seed or a torch.Generator, "
+            f"got {type(generator).__name__}"
+        )
+    return int(torch.randint(0, 2**63 - 1, (1,), generator=generator).item())

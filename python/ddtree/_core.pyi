@@ -1,0 +1,33 @@
+"""Type stubs of the private extension module ``ddtree._core`` (the Rust CPU path).
+
+Every pointer is the ``data_ptr()`` of a live, already-validated CPU tensor; see
+``crates/ddtree-py/src/tensor.rs`` for the contract.
+"""
+
+MAX_DEPTH: int
+MAX_BUDGET: int
+STATUS_NON_FINITE: int
+
+TensorArg = dict[str, object]  # ptr: int, dtype: str, shape / strides: tuple[int, ...]
+
+def build_tree(
+    draft_logits: TensorArg,
+    root_tokens: int,
+    prefix_lens: int,
+    budget: int,
+    topk: int | None,
+    out: dict[str, int],
+) -> int: ...
+def accept_greedy(target_logits: TensorArg, args: dict[str, int]) -> None: ...
+def accept_tokens(posterior_tokens: int, args: dict[str, int]) -> None: ...
+def accept_sampled(
+    target_logits: TensorArg,
+    args: dict[str, int],
+    temperature: int,
+    top_k: int,
+    top_p: int,
+    seed: int,
+) -> None: ...
+def sglang_custom_mask(
+    ancestor_bits: int, bs: int, q: int, seq_lens: int, out: int, out_len: int
+) -> int: ...

@@ -1,0 +1,88 @@
+"""The Rust CPU path: hands validated tensors to ``ddtree._core`` by pointer (no copies)."""
+
+from __future__ import annotations
+
+import torch
+
+from . import _core
+from ._types import Acceptance, Tree
+
+TREE_FIELDS = (
+    "verify_ids",
+    "positions",
+    "depths",
+    "parents",
+    "first_child",
+    "next_sibling",
+    "ancestor_bits",
+    "scores",
+    "num_nodes",
+    "topk_logprobs",
+    "topk_ids",
+    "status",
+)
+
+
+def tensor_arg(t: torch.Tensor) -> dict:
+    """What ``_core`` reads a strided tensor through: pointer, dtype, shape, element strides."""
+    return {
+        "ptr": t.data_ptr(),
+        "dtype": str(t.dtype).removeprefix("torch."),
+        "shape": tuple(t.shape),
+        "strides": tuple(t.stride()),
+    }
+
+
+def build_into(tree: Tree, draft_logits, root_tokens, prefix_lens, budget: int, topk) -> None:
+    """SPEC stages 1–3 into the (contiguous) tensors of ``tree``; the GIL is released."""
+    out = {name: getattr(tree, name).data_ptr() for name in TREE_FIELDS}
+    _core.build_tree(
+        tensor_arg(draft_logits),
+        root_tokens.data_ptr(),
+        prefix_lens.data_ptr(),
+        budget,
+        topk,
+        out,
+    )
+
+
+def _accept_args(tree: Tree, acc: Acceptance) -> dict:
+    return {
+        "bs": tree.batch_size,
+        "q": tree.width,
+        "width": acc.accepted_nodes.shape[1],
+        "verify_ids": tree.verify_ids.data_ptr(),
+        "first_child": tree.first_child.data_ptr(),
+        "next_sibling": tree.next_sibling.data_ptr(),
+        "accepted_nodes": acc.accepted_nodes.data_ptr(),
+        "accepted_tokens": acc.accepted_tokens.data_ptr(),
+        "accept_index": acc.accept_index.data_ptr(),
+        "accept_len": acc.accept_len.data_ptr(),
+        "bonus": acc.bonus.data_ptr(),
+    }
+
+
+def accept_greedy_into(tree: Tree, target_logits: torch.Tensor, acc: Acceptance) -> None:
+    _core.accept_greedy(tensor_arg(target_logits), _accept_args(tree, acc))
+
+
+def accept_sampled_into(
+    tree: Tree, target_logits: torch.Tensor, acc: Acceptance, params, seed: int
+) -> None:
+    temperature, top_k, top_p = params
+    _core.accept_sampled(
+        tensor_arg(target_logits),
+        _accept_args(tree, acc),
+        temperature.data_ptr(),
+        top_k.data_ptr(),
+        top_p.data_ptr(),
+        seed,
+    )
+
+
+def sglang_custom_mask(ancestor_bits: torch.Tensor, seq_lens: torch.Tensor, out) -> int:
+    bs, q, _ = ancestor_bits.shape
+    bits = ancestor_bits.contiguous()
+    return _core.sglang_custom_mask(
+        bits.data_ptr(), bs, q, seq_lens.data_ptr(), out.data_ptr(), out.numel()
+    )

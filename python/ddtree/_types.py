@@ -1,0 +1,82 @@
+"""The result objects: ``Tree`` (SPEC stages 1–3) and ``Acceptance`` (stage 4)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import _validate
+
+
+@dataclass(frozen=True)
+class Tree:
+    """Verify inputs of a batch; every field is a tensor on the input device (API.md)."""
+
+    verify_ids: torch.Tensor  # int64 [bs, Q]
+    positions: torch.Tensor  # int64 [bs, Q]
+    depths: torch.Tensor  # int64 [bs, Q]
+    parents: torch.Tensor  # int64 [bs, Q]
+    first_child: torch.Tensor  # int64 [bs, Q]
+    next_sibling: torch.Tensor  # int64 [bs, Q]
+    ancestor_bits: torch.Tensor  # int32 [bs, Q, ceil(Q/32)]
+    num_nodes: torch.Tensor  # int64 [bs]
+    scores: torch.Tensor  # float64 [bs, Q]
+    topk_logprobs: torch.Tensor  # float32 [bs, L, K]
+    topk_ids: torch.Tensor  # int64 [bs, L, K]
+    status: torch.Tensor  # int32 [bs]
+
+    @property
+    def batch_size(self) -> int:
+        return self.verify_ids.shape[0]
+
+    @property
+    def width(self) -> int:
+        """Q = budget + 1."""
+        return self.verify_ids.shape[1]
+
+    @property
+    def depth(self) -> int:
+        """L, the depth limit."""
+        return self.topk_ids.shape[1]
+
+    def visibility(self) -> torch.Tensor:
+        """bool ``[bs, Q, Q]``: ``[b, i, j]`` is True iff j is i or an ancestor of i."""
+        q = self.width
+        j = torch.arange(q, device=self.ancestor_bits.device)
+        words = self.ancestor_bits[:, :, j // 32]
+        return ((words >> (j % 32).to(torch.int32)) & 1).bool()
+
+    def sglang_custom_mask(self, seq_lens, out: torch.Tensor | None = None) -> torch.Tensor:
+        """SGLang's flat FULL bool mask: request b is a row-major ``[Q, P_b + Q]`` block.
+
+        ``seq_lens`` are the prefix lengths ``P_b`` (tokens already in the KV cache). Written
+        into ``out`` when given (its first ``sum(Q * (P_b + Q))`` elements; the view of them
+        is returned), else into a new tensor.
+        """
+        from . import _cpu
+
+        seq_lens = _validate.index_vector("seq_lens", seq_lens, self.batch_size, self.device)
+        total = int((self.width * (seq_lens + self.width)).sum())
+        if out is None:
+            out = torch.empty(total, dtype=torch.bool, device=self.device)
+        else:
+            _validate.mask_out(out, total, self.device)
+        _validate.require_cpu(self.device, "Tree.sglang_custom_mask")
+        _cpu.sglang_custom_mask(self.ancestor_bits, seq_lens, out)
+        return out[:total]
+
+    @property
+    def device(self) -> torch.device:
+        return self.verify_ids.device
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """Result of the walk (API.md); every field is a tensor on the input device."""
+
+    accepted_nodes: torch.Tensor  # int64 [bs, L+1], -1 padded
+    accepted_tokens: torch.Tensor  # int64 [bs, L+1], -1 padded
+    accept_len: torch.Tensor  # int64 [bs], 1..L+1
+    bonus: torch.Tensor  # int64 [bs]
+    accept_index: torch.Tensor  # int64 [bs, L+1]: b*Q + node, -1 padded

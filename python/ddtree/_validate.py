@@ -1,0 +1,99 @@
+"""Argument checks, run before any work: each failure names the argument it is about."""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+from . import _core
+
+LOGIT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+MAX_DEPTH = _core.MAX_DEPTH
+MAX_BUDGET = _core.MAX_BUDGET
+
+
+def tensor(name: str, x) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    return x
+
+
+def logits(name: str, x, *, max_depth: int | None = None) -> torch.Tensor:
+    """A ``[rows, L, V]`` float logits tensor (strided views allowed)."""
+    x = tensor(name, x)
+    if x.dtype not in LOGIT_DTYPES:
+        raise TypeError(f"{name}: dtype must be bfloat16, float16 or float32, got {x.dtype}")
+    if x.dim() != 3:
+        raise ValueError(f"{name}: must be 3-D [bs, L, V], got shape {tuple(x.shape)}")
+    for axis, what in enumerate(("batch size", "depth L", "vocabulary V")):
+        if x.shape[axis] < 1:
+            raise ValueError(f"{name}: {what} must be ≥ 1, got shape {tuple(x.shape)}")
+    if max_depth is not None and x.shape[1] > max_depth:
+        raise ValueError(f"{name}: depth L = {x.shape[1]} exceeds the limit {max_depth}")
+    return x
+
+
+def index_vector(name: str, x, n: int, device: torch.device) -> torch.Tensor:
+    """An int64 ``[n]`` vector on ``device`` (a list of ints is accepted too), contiguous."""
+    if not isinstance(x, torch.Tensor):
+        if isinstance(x, (list, tuple)) and all(isinstance(v, numbers.Integral) for v in x):
+            x = torch.tensor(x, dtype=torch.int64, device=device)
+        else:
+            raise TypeError(f"{name}: expected an int64 torch.Tensor, got {type(x).__name__}")
+    if x.dtype != torch.int64:
+        raise TypeError(f"{name}: dtype must be int64, got {x.dtype}")
+    if x.shape != (n,):
+        raise ValueError(f"{name}: shape must be [{n}], got {list(x.shape)}")
+    same_device(name, x, device)
+    return x.contiguous()
+
+
+def same_device(name: str, x: torch.Tensor, device: torch.device) -> None:
+    if x.device != device:
+        raise ValueError(f"{name}: is on {x.device}, the other inputs are on {device}")
+
+
+def positive_int(name: str, x, *, limit: int | None = None) -> int:
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+        raise TypeError(f"{name}: expected an int, got {type(x).__name__}")
+    if x < 1:
+        raise ValueError(f"{name}: must be ≥ 1, got {x}")
+    if limit is not None and x > limit:
+        raise ValueError(f"{name}: must be ≤ {limit}, got {x}")
+    return int(x)
+
+
+def optional_positive_int(name: str, x) -> int | None:
+    return None if x is None else positive_int(name, x)
+
+
+def non_negative(name: str, x: torch.Tensor) -> None:
+    """Checked on the host, so only for CPU tensors (a CUDA check would sync)."""
+    if x.device.type == "cpu" and bool((x < 0).any()):
+        raise ValueError(f"{name}: must be ≥ 0, got {x.min().item()}")
+
+
+def in_vocab(name: str, x: torch.Tensor, vocab: int) -> None:
+    if x.device.type == "cpu" and bool(((x < 0) | (x >= vocab)).any()):
+        bad = x[(x < 0) | (x >= vocab)][0].item()
+        raise ValueError(f"{name}: token {bad} is outside the vocabulary 0..{vocab}")
+
+
+def mask_out(out, total: int, device: torch.device) -> None:
+    out = tensor("out", out)
+    if out.dtype != torch.bool:
+        raise TypeError(f"out: dtype must be bool, got {out.dtype}")
+    if out.dim() != 1 or not out.is_contiguous():
+        raise ValueError(f"out: must be a contiguous 1-D tensor, got shape {tuple(out.shape)}")
+    if out.numel() < total:
+        raise ValueError(f"out: holds {out.numel()} elements, the mask needs {total}")
+    same_device("out", out, device)
+
+
+def require_cpu(device: torch.device, what: str) -> None:
+    """This build runs the Rust CPU path only; CUDA kernels are a separate milestone."""
+    if device.type != "cpu":
+        raise NotImplementedError(
+            f"{what}: inputs are on {device}, but this build of ddtree has only the CPU path"
+        )

@@ -1,0 +1,90 @@
+"""``Stepper``: static buffers, one build and one accept per round, views as results."""
+
+from __future__ import annotations
+
+import torch
+
+from . import _api, _buffers, _cpu, _validate
+from ._types import Acceptance, Tree
+
+
+class Stepper:
+    """Owns every output buffer of a round; ``step`` and ``accept`` return views of them.
+
+    The next call overwrites the views. ``device="cpu"`` runs the Rust CPU path.
+    """
+
+    def __init__(
+        self, max_batch=64, budget=255, depth=15, vocab=151936, device="cuda:0", topk=None
+    ):
+        self.max_batch = _validate.positive_int("max_batch", max_batch)
+        self.budget = _validate.positive_int("budget", budget, limit=_validate.MAX_BUDGET)
+        self.depth = _validate.positive_int("depth", depth, limit=_validate.MAX_DEPTH)
+        self.vocab = _validate.positive_int("vocab", vocab)
+        self.topk = _validate.optional_positive_int("topk", topk)
+        self.device = torch.device(device)
+        _validate.require_cpu(self.device, "Stepper")
+        k = _api.k_of(self.budget, self.vocab, self.topk)
+        largest_tree = _buffers.tree_shapes(self.max_batch, self.depth, k, self.budget)
+        largest_acc = _buffers.acceptance_shapes(self.max_batch, self.depth)
+        self._tree_bufs = _buffers.FlatBuffers(largest_tree, self.device)
+        self._acc_bufs = _buffers.FlatBuffers(largest_acc, self.device)
+        self._tree: Tree | None = None
+        self._acc: Acceptance | None = None
+
+    def step(self, draft_logits, root_tokens, prefix_lens) -> Tree:
+        """SPEC stages 1–3 into the static buffers; returns views sliced to the batch size."""
+        self._check_open()
+        x = _validate.logits("draft_logits", draft_logits, max_depth=self.depth)
+        _validate.same_device("draft_logits", x, self.device)
+        bs, depth, vocab = x.shape
+        if bs > self.max_batch:
+            raise ValueError(f"draft_logits: batch size {bs} exceeds max_batch={self.max_batch}")
+        if vocab > self.vocab:
+            raise ValueError(f"draft_logits: vocabulary {vocab} exceeds vocab={self.vocab}")
+        x, roots, prefix, _, _ = _api.check_build(
+            x, root_tokens, prefix_lens, self.budget, self.topk, max_depth=self.depth
+        )
+        k = _api.k_of(self.budget, vocab, self.topk)
+        shapes = _buffers.tree_shapes(bs, depth, k, self.budget)
+        tree = Tree(**self._tree_bufs.view(shapes))
+        _cpu.build_into(tree, x, roots, prefix, self.budget, self.topk)
+        self._tree = tree
+        return tree
+
+    def accept(self, target_logits, temperature=None, top_k=None, top_p=None, generator=None):
+        """SPEC stage 4 for the tree of the last ``step``; returns views of static buffers."""
+        self._check_open()
+        if self._tree is None:
+            raise RuntimeError("Stepper.accept: call step() first")
+        tree = self._tree
+        shapes = _buffers.acceptance_shapes(tree.batch_size, tree.depth)
+        acc = Acceptance(**self._acc_bufs.view(shapes))
+        _api.accept_into(tree, target_logits, acc, temperature, top_k, top_p, generator)
+        self._acc = acc
+        return acc
+
+    def readback(self, wait: bool = False):
+        """Host copy of the last acceptance (``accept_len``, ``accepted_tokens``, ``bonus``).
+
+        On the CPU path the results are on the host as soon as ``accept`` returns, so this
+        never has to wait; it returns None before the first ``accept``.
+        """
+        self._check_open()
+        if self._acc is None:
+            return None
+        acc = self._acc
+        return {
+            "accept_len": acc.accept_len,
+            "accepted_tokens": acc.accepted_tokens,
+            "bonus": acc.bonus,
+        }
+
+    def close(self) -> None:
+        """Releases the static buffers; the Stepper cannot be used afterwards."""
+        self._tree_bufs = self._acc_bufs = None
+        self._tree = self._acc = None
+
+    def _check_open(self) -> None:
+        if self._tree_bufs is None:
+            raise RuntimeError("Stepper: used after close()")
