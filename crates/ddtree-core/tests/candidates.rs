@@ -4,7 +4,9 @@ use ddtree_core::candidates::{candidates, NonFinite};
 use ddtree_core::logits::Logits3;
 use half::bf16;
 
-fn run(x: &[f32], k: usize) -> (Vec<f32>, Vec<i64>, Result<(usize, f32), NonFinite>) {
+type Ran = (Vec<f32>, Vec<i64>, Result<(usize, f32), NonFinite>);
+
+fn run(x: &[f32], k: usize) -> Ran {
     let view = Logits3::new("x", x, [1, 1, x.len()], [x.len(), x.len(), 1]).unwrap();
     let (mut lp, mut ti) = (vec![0f32; k], vec![0i64; k]);
     let r = candidates(view.row(0, 0), &mut lp, &mut ti).map(|c| (c.eligible, c.z));

@@ -64,9 +64,9 @@ fn verify_inputs_are_consistent_on_random_batches() {
         let x = random_logits(&mut rng, bs * depth * vocab);
         let roots: Vec<i64> = (0..bs).map(|_| rng.below(vocab) as i64).collect();
         let t = build(&x, [bs, depth, vocab], &roots, budget, None);
-        for b in 0..bs {
+        for (b, &root) in roots.iter().enumerate() {
             assert_eq!(t.status[b], 0);
-            assert_eq!(t.verify_ids[b * t.q], roots[b]);
+            assert_eq!(t.verify_ids[b * t.q], root);
             check_invariants(&t, b, 100 * b as i64);
         }
     }
