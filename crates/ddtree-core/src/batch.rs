@@ -294,8 +294,6 @@ impl<'a> BatchLinks<'a> {
 pub enum Posterior<'a, T> {
     /// Greedy: argmax of the target logits `[bs, Q, V]`, computed only at visited nodes.
     Greedy(Logits3<'a, T>),
-    /// Tokens drawn beforehand, `[bs, Q]` (e.g. by a sampler).
-    Tokens(&'a [i64]),
     /// A draw from the filtered target distribution at each visited node, per-request
     /// parameters (`temperature == 0` is greedy), random numbers keyed by `seed`.
     Sampled {
@@ -311,7 +309,7 @@ pub fn accept_tree<T: Element>(
     posterior: Posterior<'_, T>,
     out: AcceptBuffers<'_>,
 ) -> Result<()> {
-    let (bs, width) = check_accept(&links, &posterior, &out)?;
+    let width = check_accept(&links, &posterior, &out)?;
     let per_request = out
         .accepted_nodes
         .par_chunks_mut(width)
@@ -334,9 +332,6 @@ pub fn accept_tree<T: Element>(
                     base,
                     row_out,
                 ),
-                Posterior::Tokens(t) => {
-                    walk(links.request(b), |i| t[b * links.q + i], base, row_out)
-                }
                 Posterior::Sampled {
                     target,
                     params,
@@ -354,16 +349,15 @@ pub fn accept_tree<T: Element>(
             *len = walked.accept_len as i64;
             *bonus = walked.bonus;
         });
-    debug_assert!(bs > 0);
     Ok(())
 }
 
-/// Checks an accept's shapes; returns `(bs, L + 1)`.
+/// Checks an accept's shapes; returns the path width `L + 1`.
 fn check_accept<T: Element>(
     links: &BatchLinks<'_>,
     posterior: &Posterior<'_, T>,
     out: &AcceptBuffers<'_>,
-) -> Result<(usize, usize)> {
+) -> Result<usize> {
     let bs = out.accept_len.len();
     ensure(bs >= 1 && links.q >= 1, "tree", || "empty batch".into())?;
     ensure(links.verify_ids.len() == bs * links.q, "tree", || {
@@ -386,14 +380,11 @@ fn check_accept<T: Element>(
                 format!("shape must be [{bs}, {}, V], got {:?}", links.q, t.shape())
             })?;
         }
-        Posterior::Tokens(t) => ensure(t.len() == bs * links.q, "posterior_tokens", || {
-            format!("must hold bs x Q = {} tokens", bs * links.q)
-        })?,
     }
     if let Posterior::Sampled { params, .. } = posterior {
         check_params(params, bs)?;
     }
-    Ok((bs, width))
+    Ok(width)
 }
 
 /// SGLang's flat FULL mask for a batch: request b's `[Q, P_b + Q]` block follows request

@@ -170,16 +170,6 @@ fn accept_greedy_as<T: Element>(
         .map_err(errors::to_py)
 }
 
-/// SPEC stage 4 with posterior tokens drawn beforehand, `[bs, Q]` int64.
-#[pyfunction]
-fn accept_tokens(py: Python<'_>, posterior_tokens: usize, args: AcceptArgs) -> PyResult<()> {
-    // SAFETY: live, checked tensors (tensor.rs).
-    let tokens = unsafe { slice::<i64>(posterior_tokens, args.bs * args.q) };
-    let (links, out) = unsafe { args.split() };
-    py.detach(|| batch::accept_tree(links, Posterior::<f32>::Tokens(tokens), out))
-        .map_err(errors::to_py)
-}
-
 /// SPEC stage 4, sampling: per-request `temperature` / `top_k` / `top_p` (`[bs]` float64,
 /// int64, float64; temperature 0 is greedy, top_k ≤ 0 no cap), random numbers keyed by `seed`.
 #[pyfunction]
@@ -263,7 +253,6 @@ fn sglang_custom_mask(
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(build_tree, m)?)?;
     m.add_function(wrap_pyfunction!(accept_greedy, m)?)?;
-    m.add_function(wrap_pyfunction!(accept_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(accept_sampled, m)?)?;
     m.add_function(wrap_pyfunction!(sglang_custom_mask, m)?)?;
     m.add("MAX_DEPTH", ddtree_core::select::MAX_DEPTH)?;
