@@ -79,7 +79,9 @@ def _per_request(name: str, value, bs: int, dtype, default, kind) -> torch.Tenso
         return torch.full((bs,), default, dtype=dtype)
     if isinstance(value, torch.Tensor):
         if value.shape != (bs,):
-            raise ValueError(f"{name}: must be a scalar or a [{bs}] tensor, got {list(value.shape)}")
+            raise ValueError(
+                f"{name}: must be a scalar or a [{bs}] tensor, got {list(value.shape)}"
+            )
         return value.detach().to(device="cpu", dtype=dtype).contiguous()
     if isinstance(value, bool) or not isinstance(value, kind):
         raise TypeError(f"{name}: expected None, a number or a tensor, got {type(value).__name__}")

@@ -198,7 +198,7 @@ def visibility(ancestor_bits: np.ndarray) -> np.ndarray:
 def sglang_custom_mask(ancestor_bits: np.ndarray, prefix_lens) -> np.ndarray:
     """SGLang's flat FULL mask: per request a row-major ``[Q, P_b + Q]`` block, concatenated."""
     blocks = []
-    for bits, p in zip(ancestor_bits, prefix_lens):
+    for bits, p in zip(ancestor_bits, prefix_lens, strict=True):
         vis = visibility(bits)
         prefix = np.ones((vis.shape[0], int(p)), dtype=bool)
         blocks.append(np.concatenate([prefix, vis], axis=1).ravel())

@@ -1,0 +1,67 @@
+"""Stepper(device="cpu"): static buffers, views, the same numbers as the functional API."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import draft_logits
+
+import ddtree
+
+
+def test_step_and_accept_equal_the_functional_api(rng):
+    stepper = ddtree.Stepper(max_batch=8, budget=31, depth=6, vocab=200, device="cpu", topk=7)
+    ptrs = None
+    for bs, depth, vocab in [(8, 6, 200), (3, 4, 150), (5, 6, 3)]:
+        x = draft_logits(rng, (bs, depth, vocab), "quantised", torch.bfloat16)
+        roots = torch.from_numpy(rng.integers(0, vocab, bs))
+        prefix = torch.from_numpy(rng.integers(0, 99, bs))
+        tree = stepper.step(x, roots, prefix)
+        want = ddtree.build_tree(x, roots, prefix, budget=31, topk=7)
+        for name in want.__dataclass_fields__:
+            assert torch.equal(getattr(tree, name), getattr(want, name)), name
+        target = torch.randn(bs, 32, vocab)
+        acc = stepper.accept(target)
+        want_acc = ddtree.accept_tree(want, target)
+        for name in want_acc.__dataclass_fields__:
+            assert torch.equal(getattr(acc, name), getattr(want_acc, name)), name
+        host = stepper.readback()
+        assert torch.equal(host["bonus"], want_acc.bonus)
+        # Results are views of the same static storage, call after call.
+        now = (tree.verify_ids.data_ptr(), acc.bonus.data_ptr())
+        assert ptrs is None or now == ptrs
+        ptrs = now
+
+
+def test_stepper_limits_and_lifecycle():
+    stepper = ddtree.Stepper(max_batch=2, budget=4, depth=3, vocab=10, device="cpu")
+    assert stepper.readback() is None
+    with pytest.raises(RuntimeError, match="step"):
+        stepper.accept(torch.randn(2, 5, 10))
+    z = torch.zeros(3, dtype=torch.int64)
+    with pytest.raises(ValueError, match="max_batch"):
+        stepper.step(torch.randn(3, 3, 10), z, z)
+    with pytest.raises(ValueError, match="vocab"):
+        stepper.step(torch.randn(2, 3, 11), z[:2], z[:2])
+    with pytest.raises(ValueError, match="depth"):
+        stepper.step(torch.randn(2, 4, 10), z[:2], z[:2])
+    with pytest.raises(ValueError, match="budget"):
+        ddtree.Stepper(budget=0, device="cpu")
+    stepper.close()
+    with pytest.raises(RuntimeError, match="close"):
+        stepper.step(torch.randn(2, 3, 10), z[:2], z[:2])
+
+
+def test_cuda_inputs_are_refused_clearly_in_a_cpu_only_build():
+    with pytest.raises(NotImplementedError, match="CPU path"):
+        ddtree.Stepper(device="cuda:0")
+
+
+def test_readback_copies_are_host_tensors(rng):
+    stepper = ddtree.Stepper(max_batch=2, budget=4, depth=3, vocab=10, device="cpu")
+    x = torch.from_numpy(rng.standard_normal((2, 3, 10)).astype(np.float32))
+    stepper.step(x, torch.zeros(2, dtype=torch.int64), torch.zeros(2, dtype=torch.int64))
+    stepper.accept(torch.randn(2, 5, 10))
+    host = stepper.readback(wait=True)
+    assert all(t.device.type == "cpu" for t in host.values())
