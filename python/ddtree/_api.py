@@ -6,7 +6,7 @@ import numbers
 
 import torch
 
-from . import _buffers, _cpu, _validate
+from . import _buffers, _cpu, _cuda, _validate
 from ._types import Acceptance, Tree
 
 
@@ -16,8 +16,12 @@ def build_tree(draft_logits, root_tokens, prefix_lens, *, budget, topk=None) -> 
         draft_logits, root_tokens, prefix_lens, budget, topk
     )
     bs, depth, vocab = x.shape
-    tree = _buffers.new_tree(bs, depth, k_of(budget, vocab, topk), budget, x.device)
-    _cpu.build_into(tree, x, roots, prefix, budget, topk)
+    k = k_of(budget, vocab, topk)
+    tree = _buffers.new_tree(bs, depth, k, budget, x.device)
+    if x.device.type == "cuda":
+        _cuda.build_into(tree, x, roots, prefix, budget, k, _cuda.new_scratch(bs * depth, x.device))
+    else:
+        _cpu.build_into(tree, x, roots, prefix, budget, topk)
     return tree
 
 
@@ -33,9 +37,10 @@ def check_build(draft_logits, root_tokens, prefix_lens, budget, topk, *, max_dep
     prefix = _validate.index_vector("prefix_lens", prefix_lens, bs, x.device)
     budget = _validate.positive_int("budget", budget, limit=_validate.MAX_BUDGET)
     topk = _validate.optional_positive_int("topk", topk)
+    # On the GPU these two are per-request `status` codes (checking here would sync).
     _validate.in_vocab("root_tokens", roots, vocab)
     _validate.non_negative("prefix_lens", prefix)
-    _validate.require_cpu(x.device, "build_tree")
+    _validate.supported_device(x.device, "draft_logits")
     return x, roots, prefix, budget, topk
 
 
@@ -54,7 +59,7 @@ def accept_into(tree, target_logits, acc, temperature, top_k, top_p, generator) 
     """Checks every argument, then runs the greedy or the sampling walk into ``acc``."""
     t = check_target(tree, target_logits)
     params = sampling_params(tree.batch_size, temperature, top_k, top_p)
-    _validate.require_cpu(t.device, "accept_tree")
+    _validate.require_cpu(t.device, "accept_tree (the GPU accept is not built yet)")
     if params is None:
         _cpu.accept_greedy_into(tree, t, acc)
     else:

@@ -28,5 +28,33 @@ def accept_sampled(
     seed: int,
 ) -> None: ...
 def sglang_custom_mask(
-    ancestor_bits: int, bs: int, q: int, seq_lens: int, out: int, out_len: int
+    ancestor_bits: int, bs: int, q: int, seq_lens: int, write_prefix: bool, out: int, out_len: int
 ) -> int: ...
+
+CUDA_MAX_BUDGET: int
+CUDA_MAX_K: int
+CUDA_MAX_DEPTH: int
+
+def cuda_build_tree(
+    device: int,
+    stream: int,
+    draft_logits: TensorArg,
+    root_tokens: int,
+    prefix_lens: int,
+    budget: int,
+    k: int,
+    out: dict[str, int],
+    scratch: dict[str, int],
+) -> None: ...
+def cuda_full_mask(
+    device: int,
+    stream: int,
+    ancestor_bits: int,
+    seq_lens: int,
+    bs: int,
+    q: int,
+    write_prefix: bool,
+    out: int,
+    out_len: int,
+) -> None: ...
+def cuda_images() -> list[tuple[str, bool, int]]: ...

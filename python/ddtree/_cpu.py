@@ -80,9 +80,9 @@ def accept_sampled_into(
     )
 
 
-def sglang_custom_mask(ancestor_bits: torch.Tensor, seq_lens: torch.Tensor, out) -> int:
+def full_mask(ancestor_bits: torch.Tensor, seq_lens: torch.Tensor, out, write_prefix) -> int:
     bs, q, _ = ancestor_bits.shape
     bits = ancestor_bits.contiguous()
     return _core.sglang_custom_mask(
-        bits.data_ptr(), bs, q, seq_lens.data_ptr(), out.data_ptr(), out.numel()
+        bits.data_ptr(), bs, q, seq_lens.data_ptr(), write_prefix, out.data_ptr(), out.numel()
     )

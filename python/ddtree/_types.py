@@ -47,24 +47,36 @@ class Tree:
         words = self.ancestor_bits[:, :, j // 32]
         return ((words >> (j % 32).to(torch.int32)) & 1).bool()
 
-    def sglang_custom_mask(self, seq_lens, out: torch.Tensor | None = None) -> torch.Tensor:
+    def sglang_custom_mask(
+        self, seq_lens, out: torch.Tensor | None = None, *, prefix_columns: bool = True
+    ) -> torch.Tensor:
         """SGLang's flat FULL bool mask: request b is a row-major ``[Q, P_b + Q]`` block.
 
-        ``seq_lens`` are the prefix lengths ``P_b`` (tokens already in the KV cache). Written
-        into ``out`` when given (its first ``sum(Q * (P_b + Q))`` elements; the view of them
-        is returned), else into a new tensor.
+        ``seq_lens`` are the prefix lengths ``P_b`` (tokens already in the KV cache). Prefix
+        columns are set True unless ``prefix_columns=False`` (then only the tree columns are
+        written, e.g. into a buffer whose prefix columns are already True).
+
+        Without ``out`` a new tensor of exactly the mask's size is returned (on CUDA this
+        reads ``seq_lens`` on the host, a sync). With ``out``, the mask is written into it:
+        on the CPU the view of its first ``sum(Q * (P_b + Q))`` elements is returned; on CUDA
+        the offsets are computed on the device (no sync, graph-capturable), ``out`` itself is
+        returned, and rows that would not fit in ``out`` are not written.
         """
-        from . import _cpu
+        from . import _cpu, _cuda
 
         seq_lens = _validate.index_vector("seq_lens", seq_lens, self.batch_size, self.device)
-        total = int((self.width * (seq_lens + self.width)).sum())
+        cuda = self.device.type == "cuda"
         if out is None:
+            total = int((self.width * (seq_lens + self.width)).sum())
             out = torch.empty(total, dtype=torch.bool, device=self.device)
         else:
+            total = None if cuda else int((self.width * (seq_lens + self.width)).sum())
             _validate.mask_out(out, total, self.device)
-        _validate.require_cpu(self.device, "Tree.sglang_custom_mask")
-        _cpu.sglang_custom_mask(self.ancestor_bits, seq_lens, out)
-        return out[:total]
+        if cuda:
+            _cuda.full_mask(self.ancestor_bits, seq_lens, out, prefix_columns)
+            return out if total is None else out[:total]
+        _validate.non_negative("seq_lens", seq_lens)
+        return out[: _cpu.full_mask(self.ancestor_bits, seq_lens, out, prefix_columns)]
 
     @property
     def device(self) -> torch.device:

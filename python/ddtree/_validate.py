@@ -80,20 +80,23 @@ def in_vocab(name: str, x: torch.Tensor, vocab: int) -> None:
         raise ValueError(f"{name}: token {bad} is outside the vocabulary 0..{vocab}")
 
 
-def mask_out(out, total: int, device: torch.device) -> None:
+def mask_out(out, total: int | None, device: torch.device) -> None:
     out = tensor("out", out)
     if out.dtype != torch.bool:
         raise TypeError(f"out: dtype must be bool, got {out.dtype}")
     if out.dim() != 1 or not out.is_contiguous():
         raise ValueError(f"out: must be a contiguous 1-D tensor, got shape {tuple(out.shape)}")
-    if out.numel() < total:
+    if total is not None and out.numel() < total:
         raise ValueError(f"out: holds {out.numel()} elements, the mask needs {total}")
     same_device("out", out, device)
 
 
+def supported_device(device: torch.device, name: str) -> None:
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{name}: is on {device}; ddtree runs on CPU or CUDA tensors")
+
+
 def require_cpu(device: torch.device, what: str) -> None:
-    """This build runs the Rust CPU path only; CUDA kernels are a separate milestone."""
+    """For the parts of a round that have no GPU kernels yet."""
     if device.type != "cpu":
-        raise NotImplementedError(
-            f"{what}: inputs are on {device}, but this build of ddtree has only the CPU path"
-        )
+        raise NotImplementedError(f"{what}: inputs are on {device}; this runs on CPU tensors only")

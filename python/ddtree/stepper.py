@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import torch
 
-from . import _api, _buffers, _cpu, _validate
+from . import _api, _buffers, _cpu, _cuda, _validate
 from ._types import Acceptance, Tree
 
 
 class Stepper:
     """Owns every output buffer of a round; ``step`` and ``accept`` return views of them.
 
-    The next call overwrites the views. ``device="cpu"`` runs the Rust CPU path.
+    The next call overwrites the views. On CUDA, ``step`` launches on PyTorch's current
+    stream, never synchronizes and never allocates, so it may be captured in a CUDA graph
+    (the Stepper must outlive the graph). ``device="cpu"`` runs the Rust CPU path.
     """
 
     def __init__(
@@ -23,14 +25,27 @@ class Stepper:
         self.vocab = _validate.positive_int("vocab", vocab)
         self.topk = _validate.optional_positive_int("topk", topk)
         self.device = torch.device(device)
-        _validate.require_cpu(self.device, "Stepper")
+        _validate.supported_device(self.device, "device")
+        if self.device.type == "cuda":
+            self._check_cuda_limits()
         k = _api.k_of(self.budget, self.vocab, self.topk)
         largest_tree = _buffers.tree_shapes(self.max_batch, self.depth, k, self.budget)
         largest_acc = _buffers.acceptance_shapes(self.max_batch, self.depth)
         self._tree_bufs = _buffers.FlatBuffers(largest_tree, self.device)
         self._acc_bufs = _buffers.FlatBuffers(largest_acc, self.device)
+        rows = self.max_batch * self.depth
+        self._scratch = _cuda.new_scratch(rows, self.device) if self.device.type == "cuda" else {}
+        self._views: dict[tuple, Tree] = {}
         self._tree: Tree | None = None
         self._acc: Acceptance | None = None
+
+    def _check_cuda_limits(self) -> None:
+        from . import _core
+
+        if self.budget > _core.CUDA_MAX_BUDGET:
+            raise ValueError(f"budget: at most {_core.CUDA_MAX_BUDGET} on CUDA, got {self.budget}")
+        if self.depth > _core.CUDA_MAX_DEPTH:
+            raise ValueError(f"depth: at most {_core.CUDA_MAX_DEPTH} on CUDA, got {self.depth}")
 
     def step(self, draft_logits, root_tokens, prefix_lens) -> Tree:
         """SPEC stages 1–3 into the static buffers; returns views sliced to the batch size."""
@@ -46,10 +61,22 @@ class Stepper:
             x, root_tokens, prefix_lens, self.budget, self.topk, max_depth=self.depth
         )
         k = _api.k_of(self.budget, vocab, self.topk)
-        shapes = _buffers.tree_shapes(bs, depth, k, self.budget)
-        tree = Tree(**self._tree_bufs.view(shapes))
-        _cpu.build_into(tree, x, roots, prefix, self.budget, self.topk)
+        tree = self._tree_views(bs, depth, k)
+        if self.device.type == "cuda":
+            scratch = {name: t[: bs * depth] for name, t in self._scratch.items()}
+            _cuda.build_into(tree, x, roots, prefix, self.budget, k, scratch)
+        else:
+            _cpu.build_into(tree, x, roots, prefix, self.budget, self.topk)
         self._tree = tree
+        return tree
+
+    def _tree_views(self, bs: int, depth: int, k: int) -> Tree:
+        """Views of the static buffers for one shape, made once and reused."""
+        key = (bs, depth, k)
+        tree = self._views.get(key)
+        if tree is None:
+            shapes = _buffers.tree_shapes(bs, depth, k, self.budget)
+            tree = self._views[key] = Tree(**self._tree_bufs.view(shapes))
         return tree
 
     def accept(self, target_logits, temperature=None, top_k=None, top_p=None, generator=None):
@@ -84,6 +111,8 @@ class Stepper:
         """Releases the static buffers; the Stepper cannot be used afterwards."""
         self._tree_bufs = self._acc_bufs = None
         self._tree = self._acc = None
+        self._views.clear()
+        self._scratch = {}
 
     def _check_open(self) -> None:
         if self._tree_bufs is None:

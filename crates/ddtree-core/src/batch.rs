@@ -388,11 +388,13 @@ fn check_accept<T: Element>(
 }
 
 /// SGLang's flat FULL mask for a batch: request b's `[Q, P_b + Q]` block follows request
-/// b-1's. Returns the number of elements written (the rest of `out` is left untouched).
+/// b-1's; prefix columns are written only when `write_prefix`. Returns the mask's length
+/// (the rest of `out` is left untouched).
 pub fn full_masks(
     ancestor_bits: &[i32],
     q: usize,
     prefix_lens: &[i64],
+    write_prefix: bool,
     out: &mut [bool],
 ) -> Result<usize> {
     let words = mask_words(q);
@@ -422,7 +424,7 @@ pub fn full_masks(
         .enumerate()
         .for_each(|(b, (p, block))| {
             let bits = &ancestor_bits[b * q * words..(b + 1) * q * words];
-            crate::emit::full_mask(bits, q, p, block);
+            crate::emit::full_mask(bits, q, p, write_prefix, block);
         });
     Ok(total)
 }

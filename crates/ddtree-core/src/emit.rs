@@ -94,13 +94,15 @@ pub fn sees(bits: &[i32], words: usize, i: usize, j: usize) -> bool {
 }
 
 /// SGLang's flat FULL mask of one request: row-major `[Q, prefix_len + Q]`, prefix columns
-/// True, tree columns from the ancestor bits.
-pub fn full_mask(bits: &[i32], q: usize, prefix_len: usize, out: &mut [bool]) {
+/// True (written only when `write_prefix`), tree columns from the ancestor bits.
+pub fn full_mask(bits: &[i32], q: usize, prefix_len: usize, write_prefix: bool, out: &mut [bool]) {
     let words = mask_words(q);
     let width = prefix_len + q;
     for i in 0..q {
         let row = &mut out[i * width..(i + 1) * width];
-        row[..prefix_len].fill(true);
+        if write_prefix {
+            row[..prefix_len].fill(true);
+        }
         for j in 0..q {
             row[prefix_len + j] = sees(bits, words, i, j);
         }

@@ -92,7 +92,7 @@ fn full_mask_has_prefix_columns_then_ancestor_bits() {
     let x = [0.0f32, -1.0, -2.0, 0.5, 0.25, 0.0];
     let t = build(&x, [1, 2, 3], &[1], 3, None);
     let mut out = vec![false; 3 * 4 * 6 + 5];
-    let n = full_masks(&t.ancestor_bits, t.q, &[2], &mut out).unwrap();
+    let n = full_masks(&t.ancestor_bits, t.q, &[2], true, &mut out).unwrap();
     assert_eq!(n, 4 * 6);
     for i in 0..4 {
         let row = &out[i * 6..(i + 1) * 6];
@@ -105,7 +105,7 @@ fn full_mask_has_prefix_columns_then_ancestor_bits() {
         out[n..].iter().all(|&v| !v),
         "nothing past the mask is written"
     );
-    assert!(full_masks(&t.ancestor_bits, t.q, &[100], &mut out).is_err());
+    assert!(full_masks(&t.ancestor_bits, t.q, &[100], true, &mut out).is_err());
 }
 
 /// Greedy accept through target logits that point at chosen tokens.

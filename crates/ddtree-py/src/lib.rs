@@ -3,6 +3,7 @@
 //! Every function takes raw tensor pointers that the Python layer has validated (see
 //! `tensor.rs` for the contract), releases the GIL, and writes into caller-owned outputs.
 
+mod cuda;
 mod errors;
 mod tensor;
 
@@ -16,19 +17,19 @@ use tensor::{slice, slice_mut, LogitsDtype, TensorArg};
 /// Output pointers of a build (contiguous tensors sized for the build's shape).
 #[derive(FromPyObject)]
 #[pyo3(from_item_all)]
-struct TreeOut {
-    verify_ids: usize,
-    positions: usize,
-    depths: usize,
-    parents: usize,
-    first_child: usize,
-    next_sibling: usize,
-    ancestor_bits: usize,
-    scores: usize,
-    num_nodes: usize,
-    topk_logprobs: usize,
-    topk_ids: usize,
-    status: usize,
+pub struct TreeOut {
+    pub(crate) verify_ids: usize,
+    pub(crate) positions: usize,
+    pub(crate) depths: usize,
+    pub(crate) parents: usize,
+    pub(crate) first_child: usize,
+    pub(crate) next_sibling: usize,
+    pub(crate) ancestor_bits: usize,
+    pub(crate) scores: usize,
+    pub(crate) num_nodes: usize,
+    pub(crate) topk_logprobs: usize,
+    pub(crate) topk_ids: usize,
+    pub(crate) status: usize,
 }
 
 /// SPEC stages 1–3 on the CPU; returns `K`.
@@ -226,13 +227,15 @@ fn accept_sampled_as<T: Element>(
 
 /// SGLang's flat FULL mask into `out` (bool, `out_len` elements); returns elements written.
 #[pyfunction]
-#[pyo3(signature = (ancestor_bits, bs, q, seq_lens, out, out_len))]
+#[pyo3(signature = (ancestor_bits, bs, q, seq_lens, write_prefix, out, out_len))]
+#[allow(clippy::too_many_arguments)]
 fn sglang_custom_mask(
     py: Python<'_>,
     ancestor_bits: usize,
     bs: usize,
     q: usize,
     seq_lens: usize,
+    write_prefix: bool,
     out: usize,
     out_len: usize,
 ) -> PyResult<usize> {
@@ -245,7 +248,7 @@ fn sglang_custom_mask(
             slice_mut::<bool>(out, out_len),
         )
     };
-    py.detach(|| batch::full_masks(bits, q, lens, out))
+    py.detach(|| batch::full_masks(bits, q, lens, write_prefix, out))
         .map_err(errors::to_py)
 }
 
@@ -255,6 +258,12 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(accept_greedy, m)?)?;
     m.add_function(wrap_pyfunction!(accept_sampled, m)?)?;
     m.add_function(wrap_pyfunction!(sglang_custom_mask, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda::cuda_build_tree, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda::cuda_full_mask, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda::cuda_images, m)?)?;
+    m.add("CUDA_MAX_BUDGET", ddtree_cuda::launch::MAX_BUDGET)?;
+    m.add("CUDA_MAX_K", ddtree_cuda::launch::MAX_K)?;
+    m.add("CUDA_MAX_DEPTH", ddtree_cuda::launch::MAX_DEPTH)?;
     m.add("MAX_DEPTH", ddtree_core::select::MAX_DEPTH)?;
     m.add("MAX_BUDGET", batch::MAX_BUDGET)?;
     m.add("STATUS_NON_FINITE", batch::STATUS_NON_FINITE)?;

@@ -40,21 +40,24 @@ impl TensorArg {
         }
     }
 
+    /// Shape and strides of a rank-3 tensor, or a `ValueError` naming `arg`.
+    pub fn shape3(&self, arg: &str) -> PyResult<([usize; 3], [usize; 3])> {
+        match (&self.shape[..], &self.strides[..]) {
+            (&[a, b, c], &[sa, sb, sc]) => Ok(([a, b, c], [sa, sb, sc])),
+            _ => Err(PyValueError::new_err(format!(
+                "{arg}: must be 3-D, got shape {:?}",
+                self.shape
+            ))),
+        }
+    }
+
     /// A rank-3 strided view of the tensor as `T`.
     ///
     /// # Safety
     /// `ptr` must address a live tensor of element type `T` whose every index under
     /// `shape`/`strides` is readable for the lifetime `'a`.
     pub unsafe fn logits3<'a, T: Element>(&self, arg: &'static str) -> PyResult<Logits3<'a, T>> {
-        let (shape, strides) = match (&self.shape[..], &self.strides[..]) {
-            (&[a, b, c], &[sa, sb, sc]) => ([a, b, c], [sa, sb, sc]),
-            _ => {
-                return Err(PyValueError::new_err(format!(
-                    "{arg}: must be 3-D, got shape {:?}",
-                    self.shape
-                )))
-            }
-        };
+        let (shape, strides) = self.shape3(arg)?;
         let extent = 1
             + (0..3)
                 .map(|i| shape[i].saturating_sub(1) * strides[i])

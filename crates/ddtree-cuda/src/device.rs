@@ -1,0 +1,148 @@
+//! One loaded device: the primary context PyTorch uses, and the kernels' functions.
+//!
+//! Loaded once per device ordinal and kept for the process (the fatbins are small), so a
+//! step only looks up a cached `Arc<Device>` and launches.
+
+use crate::fatbin;
+use crate::kernels;
+use crate::CudaError;
+use cudarc::driver::result;
+use cudarc::driver::sys::{self, CUfunction, CUmodule};
+use cudarc::driver::CudaContext;
+use std::collections::HashMap;
+use std::ffi::{c_void, CString};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Makes `ctx` current for the guard's lifetime, then restores the caller's context.
+pub struct ContextGuard {
+    previous: Option<sys::CUcontext>,
+}
+
+impl ContextGuard {
+    pub fn enter(ctx: sys::CUcontext) -> Result<Self, CudaError> {
+        let previous =
+            result::ctx::get_current().map_err(|e| CudaError::driver("cuCtxGetCurrent", e))?;
+        unsafe { result::ctx::set_current(ctx) }
+            .map_err(|e| CudaError::driver("cuCtxSetCurrent", e))?;
+        Ok(Self { previous })
+    }
+}
+
+impl Drop for ContextGuard {
+    fn drop(&mut self) {
+        let previous = self.previous.unwrap_or(std::ptr::null_mut());
+        // Nothing sensible to do if restoring fails; the next driver call reports it.
+        let _ = unsafe { result::ctx::set_current(previous) };
+    }
+}
+
+/// The kernels of one device.
+pub struct Device {
+    pub ctx: Arc<CudaContext>,
+    pub candidates_f32: CUfunction,
+    pub candidates_f16: CUfunction,
+    pub candidates_bf16: CUfunction,
+    pub select: CUfunction,
+    pub emit: CUfunction,
+    pub full_mask: CUfunction,
+    _modules: Vec<CUmodule>,
+}
+
+// SAFETY: CUfunction / CUmodule handles are plain driver handles, valid from any thread
+// once the owning (primary) context is current; they are never mutated after loading.
+unsafe impl Send for Device {}
+unsafe impl Sync for Device {}
+
+static DEVICES: OnceLock<Mutex<HashMap<usize, Arc<Device>>>> = OnceLock::new();
+
+/// The loaded kernels of device `ordinal` (loaded on first use).
+pub fn device(ordinal: usize) -> Result<Arc<Device>, CudaError> {
+    let mut map = DEVICES
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if let Some(d) = map.get(&ordinal) {
+        return Ok(d.clone());
+    }
+    let d = Arc::new(Device::load(ordinal)?);
+    map.insert(ordinal, d.clone());
+    Ok(d)
+}
+
+impl Device {
+    fn load(ordinal: usize) -> Result<Self, CudaError> {
+        if kernels::CANDIDATES.is_empty() {
+            return Err(CudaError::NoKernels);
+        }
+        let caller =
+            result::ctx::get_current().map_err(|e| CudaError::driver("cuCtxGetCurrent", e))?;
+        let ctx = CudaContext::new(ordinal)
+            .map_err(|e| CudaError::driver("cuDevicePrimaryCtxRetain", e))?;
+        // We allocate nothing through cudarc, but keep it from recording events if we ever do.
+        unsafe { ctx.disable_event_tracking() };
+        let _restore = ContextGuard { previous: caller };
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(|e| CudaError::driver("cuDeviceGetAttribute", e))?;
+        let cc = (major * 10 + minor) as u32;
+        let mut modules = Vec::new();
+        let mut load = |image: &'static [u8], name: &'static str| -> Result<CUmodule, CudaError> {
+            let m = load_module(image, name, cc)?;
+            modules.push(m);
+            Ok(m)
+        };
+        let cand = load(kernels::CANDIDATES, "candidates")?;
+        let select = load(kernels::SELECT, "select")?;
+        let emit = load(kernels::EMIT, "emit")?;
+        let f = |m, name: &str| function(m, name);
+        let select_fn = f(select, "ddtree_select")?;
+        let smem_limit = crate::launch::MAX_DYNAMIC_SMEM as i32;
+        unsafe {
+            result::function::set_function_attribute(
+                select_fn,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem_limit,
+            )
+        }
+        .map_err(|e| CudaError::driver("cuFuncSetAttribute", e))?;
+        Ok(Self {
+            candidates_f32: f(cand, "ddtree_candidates_f32")?,
+            candidates_f16: f(cand, "ddtree_candidates_f16")?,
+            candidates_bf16: f(cand, "ddtree_candidates_bf16")?,
+            select: select_fn,
+            emit: f(emit, "ddtree_emit")?,
+            full_mask: f(emit, "ddtree_full_mask")?,
+            _modules: modules,
+            ctx,
+        })
+    }
+}
+
+/// Loads one embedded fatbin; says which images it has when none fits the device.
+fn load_module(image: &'static [u8], name: &str, cc: u32) -> Result<CUmodule, CudaError> {
+    let imgs = fatbin::images(image).unwrap_or_default();
+    if !fatbin::runs_on(&imgs, cc) {
+        return Err(CudaError::NoImage {
+            module: name.to_string(),
+            cc,
+            images: imgs,
+        });
+    }
+    // cuModuleLoadData wants an aligned image; include_bytes! guarantees no alignment.
+    let mut aligned = vec![0u64; image.len().div_ceil(8)];
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            image.as_ptr(),
+            aligned.as_mut_ptr().cast::<u8>(),
+            image.len(),
+        )
+    };
+    unsafe { result::module::load_data(aligned.as_ptr().cast::<c_void>()) }
+        .map_err(|e| CudaError::driver("cuModuleLoadData", e))
+}
+
+fn function(module: CUmodule, name: &str) -> Result<CUfunction, CudaError> {
+    let cname = CString::new(name).expect("kernel names have no NUL");
+    unsafe { result::module::get_function(module, cname) }
+        .map_err(|e| CudaError::driver("cuModuleGetFunction", e))
+}

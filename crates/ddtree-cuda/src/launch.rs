@@ -1,0 +1,138 @@
+//! Launch geometry of the three build stages, as plain arithmetic (tested without a GPU).
+
+use crate::CudaError;
+
+/// Threads per block of the candidates kernel (must match `kCandThreads`).
+pub const CANDIDATE_THREADS: u32 = 1024;
+/// Largest K the candidates kernel sorts in shared memory (`kMaxK`).
+pub const MAX_K: usize = 1024;
+/// Largest budget the selection kernel supports (`kMaxBudget`).
+pub const MAX_BUDGET: usize = 1023;
+/// Deepest tree the selection kernel packs (`kMaxSelectDepth`).
+pub const MAX_DEPTH: usize = 20;
+/// Dynamic shared memory a block may ask for on every target (sm_120's opt-in limit).
+pub const MAX_DYNAMIC_SMEM: usize = 99 * 1024;
+/// Threads per block of the emit and mask kernels.
+pub const EMIT_THREADS: u32 = 256;
+
+/// The shapes of one GPU build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BuildShape {
+    pub bs: usize,
+    pub depth: usize,
+    pub vocab: usize,
+    pub budget: usize,
+    pub k: usize,
+}
+
+impl BuildShape {
+    /// Checks the shape against the kernels' limits.
+    pub fn check(&self) -> Result<(), CudaError> {
+        let bad = |what: &str| Err(CudaError::arg(what.to_string()));
+        if self.bs == 0 || self.depth == 0 || self.vocab == 0 {
+            return bad("draft_logits: every dimension must be ≥ 1");
+        }
+        if self.depth > MAX_DEPTH {
+            return bad(&format!(
+                "draft_logits: depth {} exceeds the GPU limit {MAX_DEPTH}",
+                self.depth
+            ));
+        }
+        if self.budget == 0 || self.budget > MAX_BUDGET {
+            return bad(&format!(
+                "budget: must be in 1..={MAX_BUDGET} on the GPU, got {}",
+                self.budget
+            ));
+        }
+        if self.k == 0 || self.k > MAX_K.min(self.budget).min(self.vocab) {
+            return bad(&format!(
+                "topk: K = {} must be in 1..=min(budget, V)",
+                self.k
+            ));
+        }
+        if self.vocab > i32::MAX as usize || self.bs * self.depth > i32::MAX as usize {
+            return bad("draft_logits: too large for 32-bit grid indices");
+        }
+        Ok(())
+    }
+
+    pub fn q(&self) -> usize {
+        self.budget + 1
+    }
+
+    /// Shared memory of the selection kernel and whether the log-probs fit in it.
+    pub fn select_smem(&self) -> (usize, bool) {
+        let with_lp = select_smem_bytes(self.budget, self.depth, self.k, true);
+        if with_lp <= MAX_DYNAMIC_SMEM {
+            (with_lp, true)
+        } else {
+            (
+                select_smem_bytes(self.budget, self.depth, self.k, false),
+                false,
+            )
+        }
+    }
+}
+
+/// Mirror of `SelectSmem::bytes` in `select.cuh`.
+pub fn select_smem_bytes(budget: usize, depth: usize, k: usize, cache_lp: bool) -> usize {
+    let n = budget + 1;
+    let frontier = n * (8 + 8 * 4 + 2 + 2 + 2 + 1);
+    let nodes = n * (8 + 2 + 2 + 1 + 2 + 2);
+    let b = (frontier + nodes + 15) & !15;
+    b + if cache_lp { depth * k * 4 } else { 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(budget: usize, k: usize) -> BuildShape {
+        BuildShape {
+            bs: 64,
+            depth: 15,
+            vocab: 151936,
+            budget,
+            k,
+        }
+    }
+
+    #[test]
+    fn every_supported_shape_fits_sm120_shared_memory() {
+        for budget in [1, 63, 255, 511, 1023] {
+            for k in [1, budget / 2 + 1, budget] {
+                let (bytes, _) = shape(budget, k).select_smem();
+                assert!(bytes <= MAX_DYNAMIC_SMEM, "B={budget} K={k}: {bytes}");
+            }
+        }
+    }
+
+    #[test]
+    fn log_probs_are_cached_when_they_fit() {
+        assert_eq!(
+            shape(255, 255).select_smem(),
+            (select_smem_bytes(255, 15, 255, true), true)
+        );
+        let (_, cached) = shape(1023, 1023).select_smem();
+        assert!(!cached, "15 x 1023 floats do not fit beside the frontier");
+    }
+
+    #[test]
+    fn limits_are_checked() {
+        assert!(shape(255, 255).check().is_ok());
+        assert!(shape(1024, 1024).check().is_err());
+        assert!(shape(255, 256).check().is_err());
+        assert!(BuildShape {
+            depth: 21,
+            ..shape(7, 7)
+        }
+        .check()
+        .is_err());
+        assert!(BuildShape {
+            bs: 0,
+            ..shape(7, 7)
+        }
+        .check()
+        .is_err());
+    }
+}

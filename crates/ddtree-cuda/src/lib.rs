@@ -1,0 +1,318 @@
+//! ddtree-cuda: the GPU path of a DDTree round (SPEC.md stages 1–3 so far).
+//!
+//! The kernels (`kernels/*.cu`) are compiled ahead of time by `build.rs` into fatbins with
+//! sm_90 and sm_120 machine code plus PTX, embedded here and loaded once per device into the
+//! primary context PyTorch uses. Every launch goes to the raw stream the caller passes
+//! (PyTorch's current stream), allocates nothing and never synchronizes, so the whole build
+//! can be captured in a CUDA graph.
+
+mod device;
+pub mod fatbin;
+pub mod launch;
+
+/// The embedded fatbins (empty when built without the `kernels` feature).
+pub mod kernels {
+    include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
+}
+
+use cudarc::driver::result::{self, DriverError};
+use cudarc::driver::sys::{CUfunction, CUstream};
+use device::{device, ContextGuard};
+use launch::{BuildShape, CANDIDATE_THREADS, EMIT_THREADS};
+use std::ffi::c_void;
+use std::fmt;
+
+/// Why a GPU call could not be made.
+#[derive(Debug)]
+pub enum CudaError {
+    /// A bad argument (becomes a Python `ValueError`).
+    Arg(String),
+    /// A driver call failed (becomes a Python `RuntimeError` naming the call).
+    Driver {
+        call: &'static str,
+        err: DriverError,
+    },
+    /// This build embeds no kernels.
+    NoKernels,
+    /// The device can run none of a module's images.
+    NoImage {
+        module: String,
+        cc: u32,
+        images: Vec<fatbin::Image>,
+    },
+}
+
+impl CudaError {
+    pub fn arg(msg: String) -> Self {
+        Self::Arg(msg)
+    }
+    pub fn driver(call: &'static str, err: DriverError) -> Self {
+        Self::Driver { call, err }
+    }
+}
+
+impl fmt::Display for CudaError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Arg(m) => write!(f, "{m}"),
+            Self::Driver { call, err } => write!(f, "CUDA driver call {call} failed: {err:?}"),
+            Self::NoKernels => write!(
+                f,
+                "this build of ddtree has no CUDA kernels (built without the `kernels` feature)"
+            ),
+            Self::NoImage { module, cc, images } => write!(
+                f,
+                "no image in the {module} kernels runs on this GPU (sm_{cc}); the wheel holds {images:?}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for CudaError {}
+
+/// Element type of the draft logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dtype {
+    F32,
+    F16,
+    Bf16,
+}
+
+/// A strided `[bs, L, V]` logits tensor in device memory.
+#[derive(Debug, Clone, Copy)]
+pub struct Logits {
+    pub ptr: u64,
+    pub dtype: Dtype,
+    pub shape: [usize; 3],
+    pub strides: [i64; 3],
+}
+
+/// Device pointers of every `Tree` output (contiguous, sized for the shape).
+#[derive(Debug, Clone, Copy)]
+pub struct TreePtrs {
+    pub verify_ids: u64,
+    pub positions: u64,
+    pub depths: u64,
+    pub parents: u64,
+    pub first_child: u64,
+    pub next_sibling: u64,
+    pub ancestor_bits: u64,
+    pub scores: u64,
+    pub num_nodes: u64,
+    pub topk_logprobs: u64,
+    pub topk_ids: u64,
+    pub status: u64,
+}
+
+/// Device scratch of a build: per-row eligible counts and NaN/+inf flags (int32 `[bs*L]`).
+#[derive(Debug, Clone, Copy)]
+pub struct Scratch {
+    pub eligible: u64,
+    pub bad: u64,
+}
+
+/// Kernel parameters: each entry points at one argument value (cuLaunchKernel's format).
+struct Params(Vec<*mut c_void>);
+
+impl Params {
+    fn new() -> Self {
+        Self(Vec::with_capacity(20))
+    }
+    fn arg<T>(&mut self, value: &T) -> &mut Self {
+        self.0.push(value as *const T as *mut c_void);
+        self
+    }
+}
+
+/// # Safety
+/// `f` must take exactly the arguments in `params`, whose pointees must be alive.
+unsafe fn launch(
+    call: &'static str,
+    f: CUfunction,
+    grid: (u32, u32, u32),
+    block: u32,
+    smem: usize,
+    stream: CUstream,
+    params: &mut Params,
+) -> Result<(), CudaError> {
+    result::launch_kernel(f, grid, (block, 1, 1), smem as u32, stream, &mut params.0)
+        .map_err(|e| CudaError::driver(call, e))
+}
+
+/// SPEC stages 1–3 on device `ordinal`, launched on `stream` (PyTorch's current stream).
+///
+/// # Safety
+/// Every pointer must address live device memory of the stated shape on that device, and
+/// `roots` / `prefix` int64 `[bs]`; outputs must not overlap.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn build_tree(
+    ordinal: usize,
+    stream: u64,
+    logits: Logits,
+    roots: u64,
+    prefix: u64,
+    budget: usize,
+    k: usize,
+    out: TreePtrs,
+    scratch: Scratch,
+) -> Result<(), CudaError> {
+    let [bs, depth, vocab] = logits.shape;
+    let shape = BuildShape {
+        bs,
+        depth,
+        vocab,
+        budget,
+        k,
+    };
+    shape.check()?;
+    let dev = device(ordinal)?;
+    let _ctx = ContextGuard::enter(dev.ctx.cu_ctx())?;
+    let stream = stream as CUstream;
+    let (l, v, kk, b) = (depth as i32, vocab as i32, k as i32, budget as i32);
+    let cand = match logits.dtype {
+        Dtype::F32 => dev.candidates_f32,
+        Dtype::F16 => dev.candidates_f16,
+        Dtype::Bf16 => dev.candidates_bf16,
+    };
+    let [s0, s1, s2] = logits.strides;
+    let mut p = Params::new();
+    p.arg(&logits.ptr)
+        .arg(&s0)
+        .arg(&s1)
+        .arg(&s2)
+        .arg(&l)
+        .arg(&v)
+        .arg(&kk);
+    p.arg(&out.topk_logprobs)
+        .arg(&out.topk_ids)
+        .arg(&scratch.eligible)
+        .arg(&scratch.bad);
+    launch(
+        "cuLaunchKernel(candidates)",
+        cand,
+        ((bs * depth) as u32, 1, 1),
+        CANDIDATE_THREADS,
+        0,
+        stream,
+        &mut p,
+    )?;
+
+    let (smem, cache_lp) = shape.select_smem();
+    let cache = cache_lp as i32;
+    let mut p = Params::new();
+    p.arg(&out.topk_logprobs)
+        .arg(&out.topk_ids)
+        .arg(&scratch.eligible)
+        .arg(&scratch.bad);
+    p.arg(&roots)
+        .arg(&prefix)
+        .arg(&l)
+        .arg(&kk)
+        .arg(&v)
+        .arg(&b)
+        .arg(&cache);
+    p.arg(&out.verify_ids)
+        .arg(&out.depths)
+        .arg(&out.parents)
+        .arg(&out.first_child);
+    p.arg(&out.next_sibling)
+        .arg(&out.scores)
+        .arg(&out.num_nodes)
+        .arg(&out.status);
+    launch(
+        "cuLaunchKernel(select)",
+        dev.select,
+        (bs as u32, 1, 1),
+        32,
+        smem,
+        stream,
+        &mut p,
+    )?;
+
+    let mut p = Params::new();
+    p.arg(&roots)
+        .arg(&prefix)
+        .arg(&b)
+        .arg(&out.depths)
+        .arg(&out.parents);
+    p.arg(&out.verify_ids)
+        .arg(&out.positions)
+        .arg(&out.ancestor_bits);
+    launch(
+        "cuLaunchKernel(emit)",
+        dev.emit,
+        (bs as u32, 1, 1),
+        EMIT_THREADS,
+        0,
+        stream,
+        &mut p,
+    )
+}
+
+/// SGLang's flat FULL mask into `out` (bool, `out_len` elements), prefix columns only when
+/// `write_prefix`; per-request offsets are computed on the device from `seq_lens`.
+///
+/// # Safety
+/// As [`build_tree`]: live device pointers of the stated sizes.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn full_mask(
+    ordinal: usize,
+    stream: u64,
+    ancestor_bits: u64,
+    seq_lens: u64,
+    bs: usize,
+    q: usize,
+    write_prefix: bool,
+    out: u64,
+    out_len: usize,
+) -> Result<(), CudaError> {
+    let dev = device(ordinal)?;
+    let _ctx = ContextGuard::enter(dev.ctx.cu_ctx())?;
+    let (qq, wp, len) = (q as i32, write_prefix as i32, out_len as i64);
+    let mut p = Params::new();
+    p.arg(&ancestor_bits)
+        .arg(&seq_lens)
+        .arg(&qq)
+        .arg(&wp)
+        .arg(&len)
+        .arg(&out);
+    launch(
+        "cuLaunchKernel(full_mask)",
+        dev.full_mask,
+        (bs as u32, q as u32, 1),
+        EMIT_THREADS,
+        0,
+        stream as CUstream,
+        &mut p,
+    )
+}
+
+/// The images embedded for each kernel module (for tests and diagnostics).
+pub fn embedded_images() -> Vec<(&'static str, Vec<fatbin::Image>)> {
+    [
+        ("candidates", kernels::CANDIDATES),
+        ("select", kernels::SELECT),
+        ("emit", kernels::EMIT),
+    ]
+    .into_iter()
+    .map(|(name, data)| (name, fatbin::images(data).unwrap_or_default()))
+    .collect()
+}
+
+#[cfg(all(test, feature = "kernels"))]
+mod tests {
+    #[test]
+    fn every_module_holds_sm90_and_sm120_code_and_ptx() {
+        for (name, imgs) in super::embedded_images() {
+            for arch in [90, 120] {
+                for ptx in [false, true] {
+                    assert!(
+                        imgs.contains(&super::fatbin::Image { ptx, arch }),
+                        "{name}: missing {} for {arch}: {imgs:?}",
+                        if ptx { "PTX" } else { "machine code" }
+                    );
+                }
+            }
+        }
+    }
+}

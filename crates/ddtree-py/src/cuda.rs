@@ -1,0 +1,122 @@
+//! The GPU entry points: device pointers from the Python layer, launches on its stream.
+
+use crate::errors;
+use crate::tensor::{LogitsDtype, TensorArg};
+use crate::TreeOut;
+use ddtree_cuda::{Dtype, Logits, Scratch, TreePtrs};
+use pyo3::prelude::*;
+
+/// Device scratch of a build (int32 `[bs * L]` each).
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+pub struct ScratchArg {
+    eligible: usize,
+    bad: usize,
+}
+
+fn logits_of(t: &TensorArg) -> PyResult<Logits> {
+    let dtype = match t.logits_dtype("draft_logits")? {
+        LogitsDtype::F32 => Dtype::F32,
+        LogitsDtype::F16 => Dtype::F16,
+        LogitsDtype::Bf16 => Dtype::Bf16,
+    };
+    let (shape, strides) = t.shape3("draft_logits")?;
+    Ok(Logits {
+        ptr: t.ptr as u64,
+        dtype,
+        shape,
+        strides: strides.map(|s| s as i64),
+    })
+}
+
+/// SPEC stages 1–3 on the GPU, launched on the raw CUDA `stream`; never synchronizes.
+#[pyfunction]
+#[pyo3(signature = (device, stream, draft_logits, root_tokens, prefix_lens, budget, k, out, scratch))]
+#[allow(clippy::too_many_arguments)]
+pub fn cuda_build_tree(
+    device: usize,
+    stream: usize,
+    draft_logits: TensorArg,
+    root_tokens: usize,
+    prefix_lens: usize,
+    budget: usize,
+    k: usize,
+    out: TreeOut,
+    scratch: ScratchArg,
+) -> PyResult<()> {
+    let logits = logits_of(&draft_logits)?;
+    let ptrs = TreePtrs {
+        verify_ids: out.verify_ids as u64,
+        positions: out.positions as u64,
+        depths: out.depths as u64,
+        parents: out.parents as u64,
+        first_child: out.first_child as u64,
+        next_sibling: out.next_sibling as u64,
+        ancestor_bits: out.ancestor_bits as u64,
+        scores: out.scores as u64,
+        num_nodes: out.num_nodes as u64,
+        topk_logprobs: out.topk_logprobs as u64,
+        topk_ids: out.topk_ids as u64,
+        status: out.status as u64,
+    };
+    let scratch = Scratch {
+        eligible: scratch.eligible as u64,
+        bad: scratch.bad as u64,
+    };
+    // SAFETY: the Python layer passes live CUDA tensors of the checked shapes (tensor.rs).
+    unsafe {
+        ddtree_cuda::build_tree(
+            device,
+            stream as u64,
+            logits,
+            root_tokens as u64,
+            prefix_lens as u64,
+            budget,
+            k,
+            ptrs,
+            scratch,
+        )
+    }
+    .map_err(errors::cuda_to_py)
+}
+
+/// SGLang's flat FULL mask on the GPU into `out` (`out_len` bools).
+#[pyfunction]
+#[pyo3(signature = (device, stream, ancestor_bits, seq_lens, bs, q, write_prefix, out, out_len))]
+#[allow(clippy::too_many_arguments)]
+pub fn cuda_full_mask(
+    device: usize,
+    stream: usize,
+    ancestor_bits: usize,
+    seq_lens: usize,
+    bs: usize,
+    q: usize,
+    write_prefix: bool,
+    out: usize,
+    out_len: usize,
+) -> PyResult<()> {
+    // SAFETY: live CUDA tensors of the checked shapes (tensor.rs).
+    unsafe {
+        ddtree_cuda::full_mask(
+            device,
+            stream as u64,
+            ancestor_bits as u64,
+            seq_lens as u64,
+            bs,
+            q,
+            write_prefix,
+            out as u64,
+            out_len,
+        )
+    }
+    .map_err(errors::cuda_to_py)
+}
+
+/// `(module, is_ptx, arch)` for every image embedded in this build.
+#[pyfunction]
+pub fn cuda_images() -> Vec<(&'static str, bool, u32)> {
+    ddtree_cuda::embedded_images()
+        .into_iter()
+        .flat_map(|(m, imgs)| imgs.into_iter().map(move |i| (m, i.ptx, i.arch)))
+        .collect()
+}

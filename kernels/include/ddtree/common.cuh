@@ -1,0 +1,105 @@
+// Shared device helpers: dtype upcast, order-preserving keys, warp/block reductions.
+#pragma once
+#include <cstdint>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace ddtree {
+
+constexpr int kWarp = 32;
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+// Significant high bits of an fp32 key for each input dtype: the low bits of an upcast
+// bf16 (16) or fp16 (13 mantissa bits) value are zero, so the radix select can stop early.
+template <typename T> struct KeyBits { static constexpr int value = 32; };
+template <> struct KeyBits<__nv_bfloat16> { static constexpr int value = 16; };
+template <> struct KeyBits<__half> { static constexpr int value = 19; };
+
+// Larger float -> larger key; -0.0 and 0.0 share a key (they tie, SPEC: ties by id).
+__device__ __forceinline__ uint32_t float_key(float x) {
+  if (x == 0.0f) x = 0.0f;
+  uint32_t u = __float_as_uint(x);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__device__ __forceinline__ uint32_t neg_inf_key() { return float_key(-INFINITY); }
+
+// Larger double -> larger key (scores are never NaN); -0.0 and 0.0 share a key.
+__device__ __forceinline__ uint64_t double_key(double x) {
+  if (x == 0.0) x = 0.0;
+  uint64_t u = static_cast<uint64_t>(__double_as_longlong(x));
+  return (u >> 63) ? ~u : (u | 0x8000000000000000ull);
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+__device__ __forceinline__ double warp_sum(double v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ int warp_or(int v) { return __any_sync(0xffffffffu, v) ? 1 : 0; }
+
+// Block-wide reductions for blockDim.x a multiple of 32 (<= 1024). `scratch` holds 32 slots.
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+  v = warp_max(v);
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  const int warps = blockDim.x / kWarp;
+  v = lane < warps ? scratch[lane] : -INFINITY;
+  return warp_max(v);
+}
+
+__device__ __forceinline__ double block_sum(double v, double* scratch) {
+  v = warp_sum(v);
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  const int warps = blockDim.x / kWarp;
+  v = lane < warps ? scratch[lane] : 0.0;
+  return warp_sum(v);
+}
+
+__device__ __forceinline__ int block_any(int v, int* scratch) {
+  v = warp_or(v);
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  const int warps = blockDim.x / kWarp;
+  return warp_or(lane < warps ? scratch[lane] : 0);
+}
+
+// Inclusive prefix sum over the block (thread order); `scratch` holds 32 ints.
+// Returns the inclusive sum; *total receives the block total.
+__device__ __forceinline__ int block_inclusive_scan(int v, int* scratch, int* total) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  for (int o = 1; o < kWarp; o <<= 1) {
+    int n = __shfl_up_sync(0xffffffffu, v, o);
+    if (lane >= o) v += n;
+  }
+  __syncthreads();
+  if (lane == kWarp - 1) scratch[warp] = v;
+  __syncthreads();
+  const int warps = blockDim.x / kWarp;
+  int w = lane < warps ? scratch[lane] : 0;
+  for (int o = 1; o < kWarp; o <<= 1) {
+    int n = __shfl_up_sync(0xffffffffu, w, o);
+    if (lane >= o) w += n;
+  }
+  // w (in lane i) = sum of warps 0..i.
+  const int before = warp > 0 ? __shfl_sync(0xffffffffu, w, warp - 1) : 0;
+  *total = __shfl_sync(0xffffffffu, w, warps - 1);
+  return v + before;
+}
+
+}  // namespace ddtree

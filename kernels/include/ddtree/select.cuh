@@ -1,0 +1,233 @@
+// SPEC stage 2 — selection: the first B rank paths in canonical order (float64 score
+// descending, rank path lexicographically ascending, a proper prefix first).
+//
+// One warp per request runs SPEC.md's best-first frontier (pop the best; push its next
+// sibling and its first child), the frontier spread over the 32 lanes: every pop is a
+// 32-wide argmax by warp shuffles, so the warp emits exactly the heap's order. Rank paths
+// are packed 11 bits per depth (rank + 1; 0 = absent), five depths per word, so comparing
+// the words in order compares paths lexicographically with a proper prefix first.
+//
+// The loop touches only shared memory and registers; the tree links (parents, depths,
+// scores, verify ids, first child, next sibling) are written once at the end, by all lanes.
+#pragma once
+#include "common.cuh"
+
+namespace ddtree {
+
+constexpr int kPathWords = 4;
+constexpr int kFieldsPerWord = 5;
+constexpr int kFieldBits = 11;
+constexpr int kMaxSelectDepth = kPathWords * kFieldsPerWord;  // 20
+constexpr int kMaxBudget = 1023;
+
+struct Path {
+  uint64_t w[kPathWords];
+};
+
+__device__ __forceinline__ void path_add(Path& p, int depth_index, int amount) {
+  const int word = depth_index / kFieldsPerWord;
+  const int shift = (kFieldsPerWord - 1 - depth_index % kFieldsPerWord) * kFieldBits;
+  p.w[word] += static_cast<uint64_t>(amount) << shift;
+}
+
+// Canonical "a before b": higher score key, then lexicographically smaller path.
+__device__ __forceinline__ bool before(uint64_t ka, const Path& pa, uint64_t kb, const Path& pb) {
+  if (ka != kb) return ka > kb;
+  for (int i = 0; i < kPathWords; ++i)
+    if (pa.w[i] != pb.w[i]) return pa.w[i] < pb.w[i];
+  return false;
+}
+
+// Shared-memory layout, carved from dynamic shared memory (sizes depend on B, L, K).
+struct SelectSmem {
+  double* f_score;   // [B+1] frontier scores; NaN marks a dead slot
+  uint64_t* f_path;  // [kPathWords][B+1]
+  short* f_parent;   // [B+1] node index of the parent (0 = root)
+  short* f_prev;     // [B+1] node index of the previous sibling, -1 for a first child
+  short* f_rank;     // [B+1]
+  char* f_depth;     // [B+1]
+  double* n_score;   // [B+1] chosen nodes (index 0 = root)
+  short* n_parent;   // [B+1]
+  short* n_rank;     // [B+1]
+  char* n_depth;     // [B+1]
+  short* n_first;    // [B+1] first child
+  short* n_next;     // [B+1] next sibling
+  float* lp;         // [L*K] log-probs cached in shared memory, or nullptr
+
+  static __host__ __device__ size_t bytes(int budget, int depth, int k, bool cache_lp) {
+    const size_t n = budget + 1;
+    size_t b = n * (8 + 8 * kPathWords + 2 + 2 + 2 + 1) + n * (8 + 2 + 2 + 1 + 2 + 2);
+    b = (b + 15) & ~size_t(15);
+    return b + (cache_lp ? size_t(depth) * k * 4 : 0);
+  }
+
+  __device__ static SelectSmem carve(char* base, int budget, int depth, int k, bool cache_lp) {
+    const size_t n = budget + 1;
+    SelectSmem s;
+    char* p = base;
+    auto take = [&](size_t bytes) { char* r = p; p += bytes; return r; };
+    s.f_score = reinterpret_cast<double*>(take(n * 8));
+    s.n_score = reinterpret_cast<double*>(take(n * 8));
+    s.f_path = reinterpret_cast<uint64_t*>(take(n * 8 * kPathWords));
+    s.f_parent = reinterpret_cast<short*>(take(n * 2));
+    s.f_prev = reinterpret_cast<short*>(take(n * 2));
+    s.f_rank = reinterpret_cast<short*>(take(n * 2));
+    s.n_parent = reinterpret_cast<short*>(take(n * 2));
+    s.n_rank = reinterpret_cast<short*>(take(n * 2));
+    s.n_first = reinterpret_cast<short*>(take(n * 2));
+    s.n_next = reinterpret_cast<short*>(take(n * 2));
+    s.f_depth = take(n);
+    s.n_depth = take(n);
+    p = base + ((p - base + 15) & ~size_t(15));
+    s.lp = cache_lp ? reinterpret_cast<float*>(take(size_t(depth) * k * 4)) : nullptr;
+    return s;
+  }
+};
+
+struct Best {
+  uint64_t key;
+  Path path;
+  int slot;  // -1: none
+};
+
+__device__ __forceinline__ bool better(const Best& a, const Best& b) {
+  if (a.slot < 0) return false;
+  if (b.slot < 0) return true;
+  return before(a.key, a.path, b.key, b.path);
+}
+
+__device__ __forceinline__ Path slot_path(const SelectSmem& s, int slot, int n) {
+  Path p;
+  for (int i = 0; i < kPathWords; ++i) p.w[i] = s.f_path[i * n + slot];
+  return p;
+}
+
+// This lane's best live slot among slots lane, lane+32, ... < used.
+__device__ Best lane_best(const SelectSmem& s, int used, int n) {
+  Best best{0, {}, -1};
+  for (int slot = threadIdx.x % kWarp; slot < used; slot += kWarp) {
+    const double sc = s.f_score[slot];
+    if (isnan(sc)) continue;
+    const Best c{double_key(sc), slot_path(s, slot, n), slot};
+    if (better(c, best)) best = c;
+  }
+  return best;
+}
+
+__device__ __forceinline__ Best shfl_best(const Best& b, int lane_mask) {
+  Best o;
+  o.key = __shfl_xor_sync(0xffffffffu, b.key, lane_mask);
+  for (int i = 0; i < kPathWords; ++i) o.path.w[i] = __shfl_xor_sync(0xffffffffu, b.path.w[i], lane_mask);
+  o.slot = __shfl_xor_sync(0xffffffffu, b.slot, lane_mask);
+  return o;
+}
+
+__device__ __forceinline__ Best warp_best(Best b) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const Best other = shfl_best(b, o);
+    if (better(other, b)) b = other;
+  }
+  return b;
+}
+
+__device__ __forceinline__ void put(SelectSmem& s, int n, int slot, double score, const Path& p,
+                                    int parent, int prev, int depth, int rank) {
+  s.f_score[slot] = score;
+  for (int i = 0; i < kPathWords; ++i) s.f_path[i * n + slot] = p.w[i];
+  s.f_parent[slot] = static_cast<short>(parent);
+  s.f_prev[slot] = static_cast<short>(prev);
+  s.f_depth[slot] = static_cast<char>(depth);
+  s.f_rank[slot] = static_cast<short>(rank);
+}
+
+struct SelectOut {
+  long long* verify_ids;    // [Q]
+  long long* depths;        // [Q]
+  long long* parents;       // [Q]
+  long long* first_child;   // [Q]
+  long long* next_sibling;  // [Q]
+  double* scores;           // [Q]
+};
+
+// One request, one warp. lp/ti: [L, K]; eligible: [L]. Returns the node count N.
+__device__ int select_request(const float* __restrict__ lp_global, const long long* __restrict__ ti,
+                              const int* __restrict__ eligible, int L, int K, int budget,
+                              bool rejected, SelectOut out, SelectSmem s) {
+  const int lane = threadIdx.x % kWarp;
+  const int n = budget + 1;
+  if (s.lp != nullptr)
+    for (int i = lane; i < L * K; i += kWarp) s.lp[i] = lp_global[i];
+  for (int i = lane; i < n; i += kWarp) {
+    s.n_first[i] = -1;
+    s.n_next[i] = -1;
+  }
+  if (lane == 0) s.n_score[0] = 0.0;
+  __syncwarp();
+  const float* lp = s.lp != nullptr ? s.lp : lp_global;
+  auto lp_at = [&](int depth, int rank) { return static_cast<double>(lp[(depth - 1) * K + rank]); };
+  auto ok = [&](int depth, int rank) { return depth <= L && rank < min(eligible[depth - 1], K); };
+
+  int used = 0;
+  if (!rejected && ok(1, 0)) {
+    if (lane == 0) {
+      Path p{};
+      path_add(p, 0, 1);
+      put(s, n, 0, lp_at(1, 0), p, 0, -1, 1, 0);
+    }
+    used = 1;
+  }
+  __syncwarp();
+  int nodes = 0;
+  Best mine = lane_best(s, used, n);
+  while (nodes < budget) {
+    const Best win = warp_best(mine);
+    if (win.slot < 0) break;
+    const int node = ++nodes;
+    if (lane == 0) {
+      const int slot = win.slot;
+      const int depth = s.f_depth[slot], rank = s.f_rank[slot], parent = s.f_parent[slot];
+      const int prev = s.f_prev[slot];
+      const double score = s.f_score[slot];
+      s.n_score[node] = score;
+      s.n_parent[node] = static_cast<short>(parent);
+      s.n_depth[node] = static_cast<char>(depth);
+      s.n_rank[node] = static_cast<short>(rank);
+      if (prev < 0) s.n_first[parent] = static_cast<short>(node);
+      else s.n_next[prev] = static_cast<short>(node);
+      // The popped slot takes the next sibling; the first child takes a new slot.
+      s.f_score[slot] = NAN;
+      if (ok(depth, rank + 1)) {
+        const double lp_next = lp_at(depth, rank + 1);
+        const double sib = parent == 0 ? lp_next : s.n_score[parent] + lp_next;
+        Path sp = win.path;
+        path_add(sp, depth - 1, 1);
+        put(s, n, slot, sib, sp, parent, node, depth, rank + 1);
+      }
+      if (ok(depth + 1, 0)) {
+        Path cp = win.path;
+        path_add(cp, depth, 1);
+        put(s, n, used, score + lp_at(depth + 1, 0), cp, node, -1, depth + 1, 0);
+      }
+    }
+    const int depth = s.f_depth[win.slot];  // unchanged by the sibling put
+    const int grew = ok(depth + 1, 0) ? 1 : 0;
+    const int new_slot = used;
+    used += grew;
+    __syncwarp();
+    if (lane == win.slot % kWarp || (grew && lane == new_slot % kWarp)) mine = lane_best(s, used, n);
+  }
+  __syncwarp();
+  // Write the tree links once, in parallel.
+  for (int i = lane; i < n; i += kWarp) {
+    const bool real = i >= 1 && i <= nodes;
+    out.depths[i] = real ? s.n_depth[i] : 0;
+    out.parents[i] = real ? s.n_parent[i] : -1;
+    out.scores[i] = i == 0 ? 0.0 : (real ? s.n_score[i] : -INFINITY);
+    out.first_child[i] = i <= nodes ? s.n_first[i] : -1;
+    out.next_sibling[i] = real ? s.n_next[i] : -1;
+    if (i >= 1) out.verify_ids[i] = real ? ti[(s.n_depth[i] - 1) * K + s.n_rank[i]] : 0;
+  }
+  return nodes;
+}
+
+}  // namespace ddtree

@@ -1,0 +1,32 @@
+// Entry point of SPEC stage 2 (see include/ddtree/select.cuh): one warp per request.
+// Also decides each request's status: 1 = NaN/+inf in its draft logits, 2 = root token
+// outside the vocabulary, 3 = negative prefix length; a rejected request gets the root only.
+#include "ddtree/select.cuh"
+
+extern "C" __global__ void __launch_bounds__(32)
+    ddtree_select(const float* __restrict__ lp, const long long* __restrict__ ti,
+                  const int* __restrict__ eligible, const int* __restrict__ bad,
+                  const long long* __restrict__ roots, const long long* __restrict__ prefix,
+                  int L, int K, int V, int budget, int cache_lp, long long* verify_ids,
+                  long long* depths, long long* parents, long long* first_child,
+                  long long* next_sibling, double* scores, long long* num_nodes, int* status) {
+  extern __shared__ __align__(16) char smem[];
+  const int b = blockIdx.x;
+  const int q = budget + 1;
+  int code = 0;
+  for (int d = 0; d < L; ++d)
+    if (bad[b * L + d]) code = 1;
+  if (code == 0 && (roots[b] < 0 || roots[b] >= V)) code = 2;
+  if (code == 0 && prefix[b] < 0) code = 3;
+  const long long row = static_cast<long long>(b) * q;
+  const long long cand = static_cast<long long>(b) * L * K;
+  ddtree::SelectOut out{verify_ids + row,  depths + row,       parents + row,
+                        first_child + row, next_sibling + row, scores + row};
+  ddtree::SelectSmem s = ddtree::SelectSmem::carve(smem, budget, L, K, cache_lp != 0);
+  const int n = ddtree::select_request(lp + cand, ti + cand, eligible + b * L, L, K, budget,
+                                       code != 0, out, s);
+  if (threadIdx.x == 0) {
+    num_nodes[b] = n;
+    status[b] = code;
+  }
+}

@@ -1,0 +1,40 @@
+"""``python -m ddtree <command>``: the project's command-line tools.
+
+Each subcommand lives in its own module, which supplies ``add_arguments(parser)`` and
+``run(args) -> int``; adding a command is one more entry in ``COMMANDS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import bench
+
+# name -> (module, one-line help). The module is imported eagerly: every command is cheap to
+# import (torch is already a dependency of the package itself).
+COMMANDS = {
+    "bench": (bench, "time the reference and the Rust CPU path, stage by stage"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m ddtree", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=module.__doc__)
+        p.formatter_class = argparse.RawDescriptionHelpFormatter
+        module.add_arguments(p)
+        p.set_defaults(run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(argv)
+    args.argv = list(argv)  # the benchmark prints the exact command line it ran
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,64 @@
+"""The GPU path: validated CUDA tensors go to ``ddtree._core``'s kernels by pointer, launched
+on PyTorch's current stream of their device. Nothing here synchronizes or allocates."""
+
+from __future__ import annotations
+
+import torch
+
+from . import _core
+from ._cpu import TREE_FIELDS, tensor_arg
+from ._types import Tree
+
+
+def device_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def stream_of(device: torch.device) -> int:
+    """The raw handle of PyTorch's current stream (the capture stream inside a graph)."""
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def new_scratch(rows: int, device) -> dict:
+    """Per-row eligible counts and NaN/+inf flags of stage 1 (int32)."""
+    return {
+        "eligible": torch.empty(rows, dtype=torch.int32, device=device),
+        "bad": torch.empty(rows, dtype=torch.int32, device=device),
+    }
+
+
+def build_into(tree: Tree, draft_logits, root_tokens, prefix_lens, budget, k, scratch) -> None:
+    """SPEC stages 1–3 into the tensors of ``tree`` (three kernel launches)."""
+    device = draft_logits.device
+    _core.cuda_build_tree(
+        device_index(device),
+        stream_of(device),
+        tensor_arg(draft_logits),
+        root_tokens.data_ptr(),
+        prefix_lens.data_ptr(),
+        budget,
+        k,
+        {name: getattr(tree, name).data_ptr() for name in TREE_FIELDS},
+        {name: t.data_ptr() for name, t in scratch.items()},
+    )
+
+
+def full_mask(ancestor_bits, seq_lens, out, write_prefix: bool) -> None:
+    bs, q, _ = ancestor_bits.shape
+    device = ancestor_bits.device
+    _core.cuda_full_mask(
+        device_index(device),
+        stream_of(device),
+        ancestor_bits.data_ptr(),
+        seq_lens.data_ptr(),
+        bs,
+        q,
+        write_prefix,
+        out.data_ptr(),
+        out.numel(),
+    )
+
+
+def images() -> list[tuple[str, bool, int]]:
+    """(module, is_ptx, arch) of every kernel image compiled into this build."""
+    return _core.cuda_images()

@@ -1,0 +1,21 @@
+"""The CUDA kernels are compiled into the extension for both targets (checked without a GPU)."""
+
+from __future__ import annotations
+
+import ddtree._cuda as cuda
+
+
+def test_every_kernel_module_holds_sm90_and_sm120_code_and_ptx():
+    images = set(cuda.images())
+    modules = {m for m, _, _ in images}
+    assert modules == {"candidates", "select", "emit"}
+    for module in modules:
+        for arch in (90, 120):
+            assert (module, False, arch) in images, f"{module}: no sm_{arch} machine code"
+            assert (module, True, arch) in images, f"{module}: no compute_{arch} PTX"
+
+
+def test_import_works_without_a_driver():
+    import ddtree
+
+    assert ddtree.build_tree is not None
