@@ -4,7 +4,7 @@
 #include "ddtree/select.cuh"
 
 extern "C" __global__ void __launch_bounds__(32)
-    ddtree_select(const float* __restrict__ lp, const long long* __restrict__ ti,
+    ddtree_select(float* __restrict__ lp, long long* __restrict__ ti,
                   const int* __restrict__ eligible, const int* __restrict__ bad,
                   const long long* __restrict__ roots, const long long* __restrict__ prefix,
                   int L, int K, int V, int budget, int cache_lp, long long* verify_ids,
@@ -25,6 +25,12 @@ extern "C" __global__ void __launch_bounds__(32)
   ddtree::SelectSmem s = ddtree::SelectSmem::carve(smem, budget, L, K, cache_lp != 0);
   const int n = ddtree::select_request(lp + cand, ti + cand, eligible + b * L, L, K, budget,
                                        code != 0, out, s);
+  if (code != 0) {  // as on the CPU: a rejected request shows no candidates
+    for (int i = threadIdx.x; i < L * K; i += blockDim.x) {
+      lp[cand + i] = -INFINITY;
+      ti[cand + i] = -1;
+    }
+  }
   if (threadIdx.x == 0) {
     num_nodes[b] = n;
     status[b] = code;

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+import torch
+
 import ddtree._cuda as cuda
 
 
@@ -19,3 +22,11 @@ def test_import_works_without_a_driver():
     import ddtree
 
     assert ddtree.build_tree is not None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-driver answer")
+def test_cuda_use_without_a_driver_raises_runtime_error():
+    from ddtree import _core
+
+    with pytest.raises(RuntimeError, match="driver"):
+        _core.cuda_prepare(0)

@@ -19,6 +19,11 @@ def stream_of(device: torch.device) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
+def prepare(device: torch.device) -> None:
+    """Loads the kernels on ``device`` (not allowed later, inside a graph capture)."""
+    _core.cuda_prepare(device_index(device))
+
+
 def new_scratch(rows: int, device) -> dict:
     """Per-row eligible counts and NaN/+inf flags of stage 1 (int32)."""
     return {
@@ -27,8 +32,11 @@ def new_scratch(rows: int, device) -> dict:
     }
 
 
-def build_into(tree: Tree, draft_logits, root_tokens, prefix_lens, budget, k, scratch) -> None:
-    """SPEC stages 1–3 into the tensors of ``tree`` (three kernel launches)."""
+def build_into(
+    tree: Tree, draft_logits, root_tokens, prefix_lens, budget, k, scratch, stages=7
+) -> None:
+    """SPEC stages 1–3 into the tensors of ``tree`` (three kernel launches; ``stages`` is a
+    bit mask 1 | 2 | 4 used by the benchmark to time one stage at a time)."""
     device = draft_logits.device
     _core.cuda_build_tree(
         device_index(device),
@@ -40,6 +48,7 @@ def build_into(tree: Tree, draft_logits, root_tokens, prefix_lens, budget, k, sc
         k,
         {name: getattr(tree, name).data_ptr() for name in TREE_FIELDS},
         {name: t.data_ptr() for name, t in scratch.items()},
+        stages,
     )
 
 

@@ -91,6 +91,13 @@ def mask_out(out, total: int | None, device: torch.device) -> None:
     same_device("out", out, device)
 
 
+def concrete_device(device: torch.device) -> torch.device:
+    """``cuda`` means the current CUDA device, as for tensors created with it."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def supported_device(device: torch.device, name: str) -> None:
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"{name}: is on {device}; ddtree runs on CPU or CUDA tensors")

@@ -24,10 +24,11 @@ class Stepper:
         self.depth = _validate.positive_int("depth", depth, limit=_validate.MAX_DEPTH)
         self.vocab = _validate.positive_int("vocab", vocab)
         self.topk = _validate.optional_positive_int("topk", topk)
-        self.device = torch.device(device)
+        self.device = _validate.concrete_device(torch.device(device))
         _validate.supported_device(self.device, "device")
         if self.device.type == "cuda":
             self._check_cuda_limits()
+            _cuda.prepare(self.device)
         k = _api.k_of(self.budget, self.vocab, self.topk)
         largest_tree = _buffers.tree_shapes(self.max_batch, self.depth, k, self.budget)
         largest_acc = _buffers.acceptance_shapes(self.max_batch, self.depth)

@@ -57,6 +57,10 @@ static DEVICES: OnceLock<Mutex<HashMap<usize, Arc<Device>>>> = OnceLock::new();
 
 /// The loaded kernels of device `ordinal` (loaded on first use).
 pub fn device(ordinal: usize) -> Result<Arc<Device>, CudaError> {
+    // cudarc panics when it cannot load libcuda; ask first so Python gets an exception.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(CudaError::NoDriver);
+    }
     let mut map = DEVICES
         .get_or_init(Default::default)
         .lock()

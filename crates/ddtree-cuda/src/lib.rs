@@ -17,7 +17,7 @@ pub mod kernels {
 
 use cudarc::driver::result::{self, DriverError};
 use cudarc::driver::sys::{CUfunction, CUstream};
-use device::{device, ContextGuard};
+use device::{device, ContextGuard, Device};
 use launch::{BuildShape, CANDIDATE_THREADS, EMIT_THREADS};
 use std::ffi::c_void;
 use std::fmt;
@@ -34,6 +34,8 @@ pub enum CudaError {
     },
     /// This build embeds no kernels.
     NoKernels,
+    /// The CUDA driver library (libcuda) cannot be loaded: no GPU driver on this machine.
+    NoDriver,
     /// The device can run none of a module's images.
     NoImage {
         module: String,
@@ -59,6 +61,10 @@ impl fmt::Display for CudaError {
             Self::NoKernels => write!(
                 f,
                 "this build of ddtree has no CUDA kernels (built without the `kernels` feature)"
+            ),
+            Self::NoDriver => write!(
+                f,
+                "the CUDA driver library (libcuda.so) cannot be loaded: no NVIDIA driver here"
             ),
             Self::NoImage { module, cc, images } => write!(
                 f,
@@ -139,6 +145,13 @@ unsafe fn launch(
         .map_err(|e| CudaError::driver(call, e))
 }
 
+/// Stage bits of [`build_tree`]'s `stages`: which kernels to launch (all for a real build;
+/// one at a time to time the stages separately).
+pub const STAGE_CANDIDATES: u32 = 1;
+pub const STAGE_SELECT: u32 = 2;
+pub const STAGE_EMIT: u32 = 4;
+pub const ALL_STAGES: u32 = 7;
+
 /// SPEC stages 1–3 on device `ordinal`, launched on `stream` (PyTorch's current stream).
 ///
 /// # Safety
@@ -155,6 +168,7 @@ pub unsafe fn build_tree(
     k: usize,
     out: TreePtrs,
     scratch: Scratch,
+    stages: u32,
 ) -> Result<(), CudaError> {
     let [bs, depth, vocab] = logits.shape;
     let shape = BuildShape {
@@ -168,13 +182,34 @@ pub unsafe fn build_tree(
     let dev = device(ordinal)?;
     let _ctx = ContextGuard::enter(dev.ctx.cu_ctx())?;
     let stream = stream as CUstream;
-    let (l, v, kk, b) = (depth as i32, vocab as i32, k as i32, budget as i32);
-    let cand = match logits.dtype {
+    if stages & STAGE_CANDIDATES != 0 {
+        launch_candidates(&dev, stream, &shape, &logits, &out, &scratch)?;
+    }
+    if stages & STAGE_SELECT != 0 {
+        launch_select(&dev, stream, &shape, roots, prefix, &out, &scratch)?;
+    }
+    if stages & STAGE_EMIT != 0 {
+        launch_emit(&dev, stream, &shape, roots, prefix, &out)?;
+    }
+    Ok(())
+}
+
+/// Stage 1: one block per (request, depth) row.
+unsafe fn launch_candidates(
+    dev: &Device,
+    stream: CUstream,
+    shape: &BuildShape,
+    logits: &Logits,
+    out: &TreePtrs,
+    scratch: &Scratch,
+) -> Result<(), CudaError> {
+    let f = match logits.dtype {
         Dtype::F32 => dev.candidates_f32,
         Dtype::F16 => dev.candidates_f16,
         Dtype::Bf16 => dev.candidates_bf16,
     };
     let [s0, s1, s2] = logits.strides;
+    let (l, v, k) = (shape.depth as i32, shape.vocab as i32, shape.k as i32);
     let mut p = Params::new();
     p.arg(&logits.ptr)
         .arg(&s0)
@@ -182,22 +217,40 @@ pub unsafe fn build_tree(
         .arg(&s2)
         .arg(&l)
         .arg(&v)
-        .arg(&kk);
+        .arg(&k);
     p.arg(&out.topk_logprobs)
         .arg(&out.topk_ids)
         .arg(&scratch.eligible)
         .arg(&scratch.bad);
+    let grid = ((shape.bs * shape.depth) as u32, 1, 1);
     launch(
         "cuLaunchKernel(candidates)",
-        cand,
-        ((bs * depth) as u32, 1, 1),
+        f,
+        grid,
         CANDIDATE_THREADS,
         0,
         stream,
         &mut p,
-    )?;
+    )
+}
 
+/// Stage 2: one warp per request.
+unsafe fn launch_select(
+    dev: &Device,
+    stream: CUstream,
+    shape: &BuildShape,
+    roots: u64,
+    prefix: u64,
+    out: &TreePtrs,
+    scratch: &Scratch,
+) -> Result<(), CudaError> {
     let (smem, cache_lp) = shape.select_smem();
+    let (l, k, v, b) = (
+        shape.depth as i32,
+        shape.k as i32,
+        shape.vocab as i32,
+        shape.budget as i32,
+    );
     let cache = cache_lp as i32;
     let mut p = Params::new();
     p.arg(&out.topk_logprobs)
@@ -207,7 +260,7 @@ pub unsafe fn build_tree(
     p.arg(&roots)
         .arg(&prefix)
         .arg(&l)
-        .arg(&kk)
+        .arg(&k)
         .arg(&v)
         .arg(&b)
         .arg(&cache);
@@ -219,16 +272,28 @@ pub unsafe fn build_tree(
         .arg(&out.scores)
         .arg(&out.num_nodes)
         .arg(&out.status);
+    let grid = (shape.bs as u32, 1, 1);
     launch(
         "cuLaunchKernel(select)",
         dev.select,
-        (bs as u32, 1, 1),
+        grid,
         32,
         smem,
         stream,
         &mut p,
-    )?;
+    )
+}
 
+/// Stage 3: one block per request.
+unsafe fn launch_emit(
+    dev: &Device,
+    stream: CUstream,
+    shape: &BuildShape,
+    roots: u64,
+    prefix: u64,
+    out: &TreePtrs,
+) -> Result<(), CudaError> {
+    let b = shape.budget as i32;
     let mut p = Params::new();
     p.arg(&roots)
         .arg(&prefix)
@@ -238,10 +303,11 @@ pub unsafe fn build_tree(
     p.arg(&out.verify_ids)
         .arg(&out.positions)
         .arg(&out.ancestor_bits);
+    let grid = (shape.bs as u32, 1, 1);
     launch(
         "cuLaunchKernel(emit)",
         dev.emit,
-        (bs as u32, 1, 1),
+        grid,
         EMIT_THREADS,
         0,
         stream,
@@ -285,6 +351,11 @@ pub unsafe fn full_mask(
         stream as CUstream,
         &mut p,
     )
+}
+
+/// Loads device `ordinal`'s kernels (idempotent).
+pub fn prepare(ordinal: usize) -> Result<(), CudaError> {
+    device(ordinal).map(|_| ())
 }
 
 /// The images embedded for each kernel module (for tests and diagnostics).

@@ -31,7 +31,7 @@ fn logits_of(t: &TensorArg) -> PyResult<Logits> {
 
 /// SPEC stages 1–3 on the GPU, launched on the raw CUDA `stream`; never synchronizes.
 #[pyfunction]
-#[pyo3(signature = (device, stream, draft_logits, root_tokens, prefix_lens, budget, k, out, scratch))]
+#[pyo3(signature = (device, stream, draft_logits, root_tokens, prefix_lens, budget, k, out, scratch, stages=ddtree_cuda::ALL_STAGES))]
 #[allow(clippy::too_many_arguments)]
 pub fn cuda_build_tree(
     device: usize,
@@ -43,6 +43,7 @@ pub fn cuda_build_tree(
     k: usize,
     out: TreeOut,
     scratch: ScratchArg,
+    stages: u32,
 ) -> PyResult<()> {
     let logits = logits_of(&draft_logits)?;
     let ptrs = TreePtrs {
@@ -75,6 +76,7 @@ pub fn cuda_build_tree(
             k,
             ptrs,
             scratch,
+            stages,
         )
     }
     .map_err(errors::cuda_to_py)
@@ -119,4 +121,11 @@ pub fn cuda_images() -> Vec<(&'static str, bool, u32)> {
         .into_iter()
         .flat_map(|(m, imgs)| imgs.into_iter().map(move |i| (m, i.ptx, i.arch)))
         .collect()
+}
+
+/// Loads the kernels on device `device` now (module loading is not allowed inside a graph
+/// capture, so the Stepper does it at construction).
+#[pyfunction]
+pub fn cuda_prepare(device: usize) -> PyResult<()> {
+    ddtree_cuda::prepare(device).map_err(errors::cuda_to_py)
 }

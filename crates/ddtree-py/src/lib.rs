@@ -261,6 +261,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cuda::cuda_build_tree, m)?)?;
     m.add_function(wrap_pyfunction!(cuda::cuda_full_mask, m)?)?;
     m.add_function(wrap_pyfunction!(cuda::cuda_images, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda::cuda_prepare, m)?)?;
     m.add("CUDA_MAX_BUDGET", ddtree_cuda::launch::MAX_BUDGET)?;
     m.add("CUDA_MAX_K", ddtree_cuda::launch::MAX_K)?;
     m.add("CUDA_MAX_DEPTH", ddtree_cuda::launch::MAX_DEPTH)?;

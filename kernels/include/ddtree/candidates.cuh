@@ -74,14 +74,25 @@ __device__ __forceinline__ void push_candidate(CandShared& s, uint32_t key, int 
   s.cand[slot] = (static_cast<uint64_t>(key) << 32) | (0xffffffffu - static_cast<uint32_t>(id));
 }
 
-// Kahan-compensated fp32 sum per thread; combined in float64 across the block.
-struct KahanSum {
-  float sum = 0.0f, comp = 0.0f;
-  __device__ __forceinline__ void add(float v) {
-    const float y = v - comp;
-    const float t = sum + y;
-    comp = (t - sum) - y;
-    sum = t;
+// sum(exp(d)) for d = x - max <= 0, per thread. Terms near the max (d > -3) decide Z's last
+// bits, so they take float64 exp and a float64 sum; the far terms take fp32 expf into a
+// Kahan-compensated fp32 sum, whose per-term errors are tiny against the total and average
+// out. Combined in float64 across the block; Z stays within SPEC's one fp32 ulp.
+struct ExpSum {
+  double near = 0.0;
+  float far = 0.0f, comp = 0.0f;
+  __device__ __forceinline__ void add(float d) {
+    if (d > -3.0f) {
+      near += exp(static_cast<double>(d));
+      return;
+    }
+    const float y = expf(d) - comp;
+    const float t = far + y;
+    comp = (t - far) - y;
+    far = t;
+  }
+  __device__ __forceinline__ double total() const {
+    return near + (static_cast<double>(far) - comp);
   }
 };
 
@@ -146,7 +157,7 @@ __device__ void candidates_row(const T* __restrict__ row, long long stride, int 
   int nbits = kDigitBits;
   int needed = K - s.sel_above;
   int tied = s.hist[prefix];
-  KahanSum lse;
+  ExpSum lse;
   bool summed = false;
   const float m_shift = (m == -INFINITY) ? 0.0f : m;  // all -inf: every term is 0
   while (tied > needed && nbits < KeyBits<T>::value) {
@@ -157,7 +168,7 @@ __device__ void candidates_row(const T* __restrict__ row, long long stride, int 
     __syncthreads();
     for (int v = threadIdx.x; v < V; v += blockDim.x) {
       const float x = to_f32(row[v * stride]);
-      if (!summed) lse.add(expf(x - m_shift));
+      if (!summed) lse.add(x - m_shift);
       const uint32_t key = float_key(x);
       if ((key >> (32 - nbits)) == prefix) hist_add(s.hist, (key >> shift) & ((1u << digit) - 1));
     }
@@ -182,7 +193,7 @@ __device__ void candidates_row(const T* __restrict__ row, long long stride, int 
     uint32_t key = 0;
     if (v < V) {
       const float x = to_f32(row[v * stride]);
-      if (!summed) lse.add(expf(x - m_shift));
+      if (!summed) lse.add(x - m_shift);
       key = float_key(x);
       const uint32_t top = key >> low;
       if (top > prefix) {
@@ -202,7 +213,7 @@ __device__ void candidates_row(const T* __restrict__ row, long long stride, int 
   __syncthreads();
 
   // Normaliser: Z = fp32(m + log(sum exp(x - m))), the sum combined in float64.
-  const double sum = block_sum(static_cast<double>(lse.sum) - lse.comp, s.dscratch);
+  const double sum = block_sum(lse.total(), s.dscratch);
   const float z = (m == -INFINITY) ? -INFINITY : static_cast<float>(static_cast<double>(m) + log(sum));
 
   sort_candidates(s, K);

@@ -161,11 +161,13 @@ __device__ int select_request(const float* __restrict__ lp_global, const long lo
     s.n_first[i] = -1;
     s.n_next[i] = -1;
   }
+  __shared__ int s_eligible[kMaxSelectDepth];
+  for (int d = lane; d < L; d += kWarp) s_eligible[d] = min(eligible[d], K);
   if (lane == 0) s.n_score[0] = 0.0;
   __syncwarp();
   const float* lp = s.lp != nullptr ? s.lp : lp_global;
   auto lp_at = [&](int depth, int rank) { return static_cast<double>(lp[(depth - 1) * K + rank]); };
-  auto ok = [&](int depth, int rank) { return depth <= L && rank < min(eligible[depth - 1], K); };
+  auto ok = [&](int depth, int rank) { return depth <= L && rank < s_eligible[depth - 1]; };
 
   int used = 0;
   if (!rejected && ok(1, 0)) {
@@ -183,11 +185,16 @@ __device__ int select_request(const float* __restrict__ lp_global, const long lo
     const Best win = warp_best(mine);
     if (win.slot < 0) break;
     const int node = ++nodes;
+    // Read phase (every lane), then lane 0 writes, then the affected lanes rescan.
+    const int slot = win.slot;
+    const int depth = s.f_depth[slot], rank = s.f_rank[slot], parent = s.f_parent[slot];
+    const int prev = s.f_prev[slot];
+    const double score = s.f_score[slot];
+    const bool has_sibling = ok(depth, rank + 1);
+    const bool has_child = ok(depth + 1, 0);
+    const double parent_score = s.n_score[parent];
+    __syncwarp();
     if (lane == 0) {
-      const int slot = win.slot;
-      const int depth = s.f_depth[slot], rank = s.f_rank[slot], parent = s.f_parent[slot];
-      const int prev = s.f_prev[slot];
-      const double score = s.f_score[slot];
       s.n_score[node] = score;
       s.n_parent[node] = static_cast<short>(parent);
       s.n_depth[node] = static_cast<char>(depth);
@@ -196,25 +203,24 @@ __device__ int select_request(const float* __restrict__ lp_global, const long lo
       else s.n_next[prev] = static_cast<short>(node);
       // The popped slot takes the next sibling; the first child takes a new slot.
       s.f_score[slot] = NAN;
-      if (ok(depth, rank + 1)) {
+      if (has_sibling) {
         const double lp_next = lp_at(depth, rank + 1);
-        const double sib = parent == 0 ? lp_next : s.n_score[parent] + lp_next;
+        const double sib = parent == 0 ? lp_next : parent_score + lp_next;
         Path sp = win.path;
         path_add(sp, depth - 1, 1);
         put(s, n, slot, sib, sp, parent, node, depth, rank + 1);
       }
-      if (ok(depth + 1, 0)) {
+      if (has_child) {
         Path cp = win.path;
         path_add(cp, depth, 1);
         put(s, n, used, score + lp_at(depth + 1, 0), cp, node, -1, depth + 1, 0);
       }
     }
-    const int depth = s.f_depth[win.slot];  // unchanged by the sibling put
-    const int grew = ok(depth + 1, 0) ? 1 : 0;
     const int new_slot = used;
-    used += grew;
+    used += has_child ? 1 : 0;
     __syncwarp();
-    if (lane == win.slot % kWarp || (grew && lane == new_slot % kWarp)) mine = lane_best(s, used, n);
+    if (lane == slot % kWarp || (has_child && lane == new_slot % kWarp)) mine = lane_best(s, used, n);
+    __syncwarp();
   }
   __syncwarp();
   // Write the tree links once, in parallel.

@@ -1,0 +1,213 @@
+"""``python -m ddtree bench --device cuda``: the GPU build (SPEC stages 1–3) against the
+paths it replaces, measured in one run.
+
+Per (bs, B): GPU time of each stage and of the whole build (CUDA events around replays of a
+captured graph, median), host time per ``Stepper.step()`` call, and, in the same run:
+stock ``torch.topk`` + ``torch.logsumexp``; the CPU path SGLang runs today (top-K and
+logsumexp on the GPU, copy to host, a Python heap and visibility mask per request, copy
+back); the Rust CPU path of this package on host copies of the logits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+
+from . import _cuda, reference
+from .stepper import Stepper
+
+STAGES = (("candidates", 1), ("select", 2), ("emit", 4), ("build", 7))
+
+
+def peaked_logits(bs, depth, vocab, seed, device) -> torch.Tensor:
+    """DFlash-like rows: Gaussian noise, a few strong tokens, flatter with depth (bf16)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(bs, depth, vocab, device=device, generator=g) * 2.0
+    hot = torch.randint(0, vocab, (bs, depth, 4), device=device, generator=g)
+    strength = torch.linspace(14.0, 6.0, depth, device=device).view(1, depth, 1)
+    boost = strength * torch.rand(bs, depth, 4, device=device, generator=g).add(0.5)
+    x.scatter_(2, hot, boost)
+    return x.to(torch.bfloat16)
+
+
+def graph_time_us(fn, replays: int) -> float:
+    """Median GPU time of one replay of a graph that captured ``fn``."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for _ in range(3):
+        graph.replay()
+    events = [
+        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        for _ in range(replays)
+    ]
+    for start, end in events:
+        start.record()
+        graph.replay()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in events) * 1000.0
+
+
+def eager_time_us(fn, reps: int) -> float:
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0)
+    return statistics.median(times)
+
+
+def host_step_us(stepper, x, roots, prefix, calls: int) -> float:
+    """Host time of one ``step()`` call (launches only; the GPU runs behind)."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        stepper.step(x, roots, prefix)
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / calls * 1e6
+
+
+def seed_cpu_path_us(x, roots, prefix, budget: int) -> float:
+    """What SGLang does today: GPU top-K + logsumexp, host heap and mask, copy back."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    k = min(budget, x.shape[2])
+    xf = x.float()
+    top = torch.topk(xf, k, dim=-1)
+    lp = (top.values - torch.logsumexp(xf, dim=-1, keepdim=True)).cpu().numpy()
+    ids = top.indices.cpu().numpy()
+    roots_h, prefix_h = roots.tolist(), prefix.tolist()
+    outs = []
+    for b in range(x.shape[0]):
+        eligible = np.isfinite(lp[b]).sum(axis=1)
+        nodes = reference.select(lp[b], eligible, budget)
+        t = reference.emit(nodes, ids[b], roots_h[b], prefix_h[b], budget)
+        outs.append(t)
+    for key in ("verify_ids", "positions", "parents", "ancestor_bits"):
+        torch.from_numpy(np.stack([o[key] for o in outs])).to(x.device)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1e6
+
+
+def rust_cpu_us(x_host, roots, prefix, budget: int) -> tuple[float, object]:
+    from . import build_tree
+
+    t0 = time.perf_counter()
+    tree = build_tree(x_host, roots, prefix, budget=budget)
+    return (time.perf_counter() - t0) * 1e6, tree
+
+
+def bench_one(bs, budget, depth, vocab, replays, seed) -> dict:
+    dev = torch.device("cuda")
+    x = peaked_logits(bs, depth, vocab, seed, dev)
+    roots = torch.randint(0, vocab, (bs,), device=dev)
+    prefix = torch.randint(0, 4000, (bs,), device=dev)
+    stepper = Stepper(max_batch=bs, budget=budget, depth=depth, vocab=vocab, device=dev)
+    tree = stepper.step(x, roots, prefix)
+    scratch = {n: t[: bs * depth] for n, t in stepper._scratch.items()}
+    k = min(budget, vocab)
+    row = {"bs": bs, "B": budget}
+    for name, bits in STAGES:
+        row[name] = graph_time_us(
+            lambda bits=bits: _cuda.build_into(tree, x, roots, prefix, budget, k, scratch, bits),
+            replays,
+        )
+    row["host_step"] = host_step_us(stepper, x, roots, prefix, 200)
+    xf = x.float()
+    row["torch_topk_lse"] = eager_time_us(
+        lambda: (torch.topk(xf, k, dim=-1), torch.logsumexp(xf, dim=-1)), 20
+    )
+    row["seed_cpu"] = statistics.median(
+        seed_cpu_path_us(x, roots, prefix, budget) for _ in range(2)
+    )
+    x_host, roots_h, prefix_h = x.cpu(), roots.cpu(), prefix.cpu()
+    row["rust_cpu"], cpu_tree = rust_cpu_us(x_host, roots_h, prefix_h, budget)
+    gpu = stepper.step(x, roots, prefix)
+    row["match"] = bool(
+        torch.equal(gpu.topk_ids.cpu(), cpu_tree.topk_ids)
+        and torch.equal(gpu.num_nodes.cpu(), cpu_tree.num_nodes)
+    )
+    row["exact"] = bool(torch.equal(gpu.verify_ids.cpu(), cpu_tree.verify_ids))
+    stepper.close()
+    return row
+
+
+COLUMNS = (
+    ("bs", "bs", "{:>4}"),
+    ("B", "B", "{:>5}"),
+    ("candidates", "cand µs", "{:>8.1f}"),
+    ("select", "select µs", "{:>9.1f}"),
+    ("emit", "emit µs", "{:>8.1f}"),
+    ("build", "build µs", "{:>9.1f}"),
+    ("host_step", "host/step µs", "{:>12.1f}"),
+    ("torch_topk_lse", "torch topk+lse µs", "{:>17.1f}"),
+    ("seed_cpu", "SGLang CPU path µs", "{:>18.0f}"),
+    ("rust_cpu", "Rust CPU µs", "{:>11.0f}"),
+    ("x_seed", "CPU path / build", "{:>16.0f}x"),
+    ("x_rust", "Rust CPU / build", "{:>16.1f}x"),
+    ("x_torch", "torch / cand", "{:>12.2f}x"),
+    ("match", "== CPU", "{!s:>6}"),
+)
+
+
+def print_table(rows) -> None:
+    print(" | ".join(h for _, h, _ in COLUMNS))
+    for r in rows:
+        r = dict(
+            r,
+            x_seed=r["seed_cpu"] / r["build"],
+            x_rust=r["rust_cpu"] / r["build"],
+            x_torch=r["torch_topk_lse"] / r["candidates"],
+            match=r["match"] and r["exact"],
+        )
+        print(" | ".join(fmt.format(r[key]) for key, _, fmt in COLUMNS))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ddtree bench --device cuda")
+    p.add_argument("--bs", type=int, nargs="+", default=[1, 8, 64])
+    p.add_argument("--budget", type=int, nargs="+", default=[63, 255, 1023])
+    p.add_argument("--depth", type=int, default=15)
+    p.add_argument("--vocab", type=int, default=151936)
+    p.add_argument("--replays", type=int, default=200)
+    p.add_argument("--seed", type=int, default=0)
+    args, _ = p.parse_known_args(argv)
+    if not torch.cuda.is_available():
+        print("bench --device cuda: no CUDA device here", file=sys.stderr)
+        return 2
+    print(
+        f"# ddtree GPU bench, {datetime.datetime.now().isoformat(timespec='seconds')}, "
+        f"{torch.cuda.get_device_name()}, torch {torch.__version__}, "
+        f"host {platform.processor() or platform.machine()}"
+    )
+    print(
+        f"# L={args.depth} V={args.vocab} bf16 logits; GPU times: median of {args.replays} "
+        f"graph replays (CUDA events); command: {' '.join(sys.argv)}"
+    )
+    rows = []
+    for bs in args.bs:
+        for budget in args.budget:
+            print(f"... bs={bs} B={budget}", file=sys.stderr, flush=True)
+            rows.append(bench_one(bs, budget, args.depth, args.vocab, args.replays, args.seed))
+    print_table(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

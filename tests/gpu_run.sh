@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The GPU recipe, run on the lent H200 through the device tool (see README "GPU"):
+# installs the wheel built here (carried in wheels/), runs the GPU-marked tests,
+# compute-sanitizer memcheck + racecheck on a small batch, and the GPU benchmark.
+# Logs go to $OUT. STEPS selects parts: "tests sanitize bench" (default: all).
+set -u
+OUT=${OUT:-/tmp/ddtree-gpu-out}
+STEPS=${STEPS:-"tests sanitize bench"}
+mkdir -p "$OUT"
+pip install --no-index --no-deps --target /tmp/site wheels/ddtree-*.whl >"$OUT/install.log" 2>&1 \
+    || { cat "$OUT/install.log"; exit 1; }
+export PYTHONPATH=/tmp/site
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$OUT/device.txt"
+status=0
+for step in $STEPS; do
+    case $step in
+    tests)
+        python3 -m pytest tests -m gpu -q -p no:cacheprovider -s >"$OUT/gpu-tests.log" 2>&1 || status=1
+        tail -15 "$OUT/gpu-tests.log" ;;
+    sanitize)
+        for tool in memcheck racecheck; do
+            compute-sanitizer --tool "$tool" --error-exitcode 3 python3 tests/gpu_small.py \
+                >"$OUT/sanitizer-$tool.log" 2>&1 || status=1
+            echo "== $tool"; tail -3 "$OUT/sanitizer-$tool.log"
+        done ;;
+    bench)
+        python3 -m ddtree.bench_gpu ${BENCH_ARGS:-} >"$OUT/bench-gpu.txt" 2>"$OUT/bench-gpu.err" || status=1
+        cat "$OUT/bench-gpu.txt"; tail -3 "$OUT/bench-gpu.err" ;;
+    esac
+done
+exit $status

@@ -1,0 +1,26 @@
+"""A small GPU build for compute-sanitizer (memcheck, racecheck): every kernel, every dtype,
+a strided view, a NaN row, the largest budget, and the FULL mask. Exits non-zero on error."""
+
+import torch
+
+import ddtree
+
+
+def main() -> None:
+    dev = "cuda"
+    g = torch.Generator(device=dev).manual_seed(0)
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        for bs, depth, vocab, budget in ((3, 4, 1000, 63), (2, 15, 5000, 1023), (2, 3, 7, 16)):
+            x = torch.randn(bs, depth + 1, vocab + 2, device=dev, generator=g).to(dtype)
+            x = x[:, 1:, 1 : vocab + 1]
+            x[0, 0, 3] = float("nan")
+            roots = torch.randint(0, vocab, (bs,), device=dev, generator=g)
+            prefix = torch.randint(0, 50, (bs,), device=dev, generator=g)
+            tree = ddtree.build_tree(x, roots, prefix, budget=budget, topk=min(budget, 40))
+            tree.sglang_custom_mask(prefix)
+    torch.cuda.synchronize()
+    print("gpu_small: ok")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+"""Smoke test of ``python -m ddtree bench`` at a tiny size: it runs and prints its table."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+TINY = ["--bs", "2", "--vocab", "1000", "--budget", "15", "--depth", "4"]
+FAST = ["--repeats", "1", "--ref-requests", "1"]
+
+
+def test_bench_runs_at_a_tiny_size():
+    cmd = [sys.executable, "-m", "ddtree", "bench", *TINY, *FAST]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "stage" in proc.stdout and "reference µs/request" in proc.stdout, proc.stdout
+    assert "Rust CPU µs/request" in proc.stdout, proc.stdout
+    assert "MISMATCH" not in proc.stdout, proc.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU answer")
+def test_bench_on_cuda_without_a_gpu_exits_2():
+    cmd = [sys.executable, "-m", "ddtree", "bench", "--device", "cuda", *TINY, *FAST]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "no CUDA device" in proc.stderr

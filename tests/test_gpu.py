@@ -1,0 +1,210 @@
+"""The GPU build (SPEC stages 1–3): kernels == the Rust CPU path, capture, no sync, no alloc.
+
+Marked `gpu`: skipped without CUDA. Run on the lent H200 by tests/gpu_run.sh.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import KINDS, draft_logits
+from test_parity import TREE_FIELDS
+
+import ddtree
+from ddtree import reference
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+BUDGETS = (1, 2, 16, 31, 32, 33, 64, 255, 1023)
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+DEV = "cuda"
+
+
+def random_case(rng, case: int):
+    kind = KINDS[case % len(KINDS)]
+    budget = BUDGETS[case % len(BUDGETS)] if case % 3 else int(rng.integers(1, 300))
+    depth = int(rng.integers(1, 16))
+    vocab = int(rng.choice([2, 7, 64, 300, 1000, 5000]))
+    bs = int(rng.integers(1, 9))
+    topk = None if case % 4 else int(rng.integers(1, 40))
+    if case % 97 == 5:
+        vocab, bs, depth = 163840, 2, 3
+    if case % 89 == 7:
+        vocab, bs, depth = 151936, 2, 2
+    return kind, (bs, depth, vocab), budget, topk, DTYPES[case % 3]
+
+
+def make_inputs(rng, kind, shape, dtype, strided: bool, nan_rows: bool):
+    bs, depth, vocab = shape
+    if strided:  # a view with a leading row dropped and a padded vocabulary
+        big = draft_logits(rng, (bs, depth + 1, vocab + 3), kind, dtype)
+        x = big[:, 1:, 2 : 2 + vocab]
+    else:
+        x = draft_logits(rng, shape, kind, dtype)
+    if nan_rows and bs > 1:
+        x[bs - 1, depth - 1, vocab // 2] = float("nan") if rng.integers(2) else float("inf")
+    roots = torch.from_numpy(rng.integers(0, vocab, size=bs))
+    prefix = torch.from_numpy(rng.integers(0, 9000, size=bs))
+    return x, roots, prefix
+
+
+def assert_z_within_one_ulp(x: np.ndarray, lp_cpu: np.ndarray, lp_gpu: np.ndarray) -> None:
+    """LP = fp32(TV - Z): a one-ulp change of Z moves every LP of the row by about ulp(Z)
+    (many ulps of a small LP). So the rows may differ by at most ulp(Z) plus the rounding of
+    the two subtractions, Z taken from the reference."""
+    for d in range(x.shape[0]):
+        finite = np.isfinite(lp_cpu[d])
+        z = reference.logsumexp(x[d])
+        diff = np.abs(lp_cpu[d][finite].astype(np.float64) - lp_gpu[d][finite])
+        tol = np.spacing(np.abs(z)) + np.spacing(np.abs(lp_cpu[d][finite]))
+        assert (diff <= tol).all(), (d, diff.max(), tol.min())
+
+
+def compare(cpu: ddtree.Tree, gpu: ddtree.Tree, x, roots, prefix, budget) -> int:
+    """Asserts GPU == CPU bit for bit; returns how many requests had Z one ulp apart
+    (SPEC allows it), whose trees are then checked against the reference built on the GPU's
+    log-probs."""
+    g = {name: getattr(gpu, name).cpu() for name in gpu.__dataclass_fields__}
+    assert torch.equal(g["topk_ids"], cpu.topk_ids)
+    assert torch.equal(g["status"], cpu.status)
+    lp_c, lp_g = cpu.topk_logprobs.numpy(), g["topk_logprobs"].numpy()
+    same = (lp_c.view(np.int32) == lp_g.view(np.int32)).all(axis=(1, 2))
+    rows = torch.from_numpy(same)
+    for name in TREE_FIELDS:
+        want, got = getattr(cpu, name)[rows], g[name][rows]
+        if want.dtype == torch.float64:
+            want, got = want.view(torch.int64), got.view(torch.int64)
+        assert torch.equal(got, want), name
+    xs = x.float().numpy()
+    for b in np.flatnonzero(~same):
+        assert_z_within_one_ulp(xs[b], lp_c[b], lp_g[b])
+        c = reference.candidates(xs[b], lp_g.shape[2])
+        nodes = reference.select(lp_g[b], c.eligible, budget)
+        t = reference.emit(nodes, c.ids, int(roots[b]), int(prefix[b]), budget)
+        for name, want in t.items():
+            got = g[name][b].numpy()
+            if want.dtype == np.float64:
+                want, got = want.view(np.int64), got.view(np.int64)
+            np.testing.assert_array_equal(got, want, err_msg=name)
+    return int((~same).sum())
+
+
+@pytest.mark.parametrize("chunk", range(10))
+def test_kernels_equal_the_cpu_path_on_random_batches(chunk):
+    """10 chunks x 110 = 1100 random batches."""
+    rng = np.random.default_rng(4000 + chunk)
+    z_diffs = 0
+    for case in range(110):
+        kind, shape, budget, topk, dtype = random_case(rng, case)
+        x, roots, prefix = make_inputs(rng, kind, shape, dtype, case % 5 == 1, case % 7 == 0)
+        cpu = ddtree.build_tree(x, roots, prefix, budget=budget, topk=topk)
+        gpu = ddtree.build_tree(x.to(DEV), roots.to(DEV), prefix.to(DEV), budget=budget, topk=topk)
+        z_diffs += compare(cpu, gpu, x, roots, prefix, budget)
+    print(f"requests with Z one ulp apart: {z_diffs}")
+
+
+def test_full_mask_equals_the_cpu_path():
+    rng = np.random.default_rng(3)
+    x, roots, prefix = make_inputs(rng, "quantised", (3, 4, 50), torch.float32, False, False)
+    cpu = ddtree.build_tree(x, roots, prefix, budget=40)
+    gpu = ddtree.build_tree(x.to(DEV), roots.to(DEV), prefix.to(DEV), budget=40)
+    seq = torch.tensor([0, 7, 130])
+    want = cpu.sglang_custom_mask(seq)
+    assert torch.equal(gpu.sglang_custom_mask(seq.to(DEV)).cpu(), want)
+    out = torch.zeros(want.numel() + 64, dtype=torch.bool, device=DEV)
+    gpu.sglang_custom_mask(seq.to(DEV), out=out, prefix_columns=False)
+    host_out = torch.zeros(want.numel() + 64, dtype=torch.bool)
+    tree_only = cpu.sglang_custom_mask(seq, out=host_out, prefix_columns=False)
+    assert torch.equal(out[: want.numel()].cpu(), tree_only)
+    assert not out[want.numel() :].any()
+
+
+def stepper_inputs(bs=8, depth=15, vocab=151936, seed=0):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    x = torch.randn(bs, depth, vocab, device=DEV, generator=g).to(torch.bfloat16)
+    roots = torch.randint(0, vocab, (bs,), device=DEV, generator=g)
+    prefix = torch.randint(0, 4000, (bs,), device=DEV, generator=g)
+    return x, roots, prefix
+
+
+def snapshot(tree: ddtree.Tree) -> dict:
+    return {name: getattr(tree, name).clone() for name in tree.__dataclass_fields__}
+
+
+def test_graph_capture_and_replay_match_eager():
+    stepper = ddtree.Stepper(max_batch=8, budget=255, depth=15, vocab=151936, device=DEV)
+    x, roots, prefix = stepper_inputs()
+    stepper.step(x, roots, prefix)  # warm-up outside capture (module load)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tree = stepper.step(x, roots, prefix)
+    for seed in range(1, 6):
+        nx, nroots, nprefix = stepper_inputs(seed=seed)
+        x.copy_(nx)
+        roots.copy_(nroots)
+        prefix.copy_(nprefix)
+        graph.replay()
+        replayed = snapshot(tree)
+        eager = snapshot(stepper.step(nx, nroots, nprefix))
+        for name in eager:
+            assert torch.equal(replayed[name], eager[name]), (seed, name)
+        cpu = ddtree.build_tree(nx.cpu(), nroots.cpu(), nprefix.cpu(), budget=255)
+        assert torch.equal(replayed["topk_ids"].cpu(), cpu.topk_ids)
+
+
+def test_step_never_syncs_the_host():
+    stepper = ddtree.Stepper(max_batch=8, budget=255, depth=15, vocab=151936, device=DEV)
+    x, roots, prefix = stepper_inputs()
+    stepper.step(x, roots, prefix)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(10):
+            stepper.step(x, roots, prefix)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def test_step_never_allocates():
+    stepper = ddtree.Stepper(max_batch=8, budget=255, depth=15, vocab=151936, device=DEV)
+    x, roots, prefix = stepper_inputs()
+    stepper.step(x, roots, prefix)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_stats()
+    for _ in range(1000):
+        stepper.step(x, roots, prefix)
+    torch.cuda.synchronize()
+    after = torch.cuda.memory_stats()
+    for key in ("allocation.all.allocated", "allocated_bytes.all.allocated"):
+        assert after[key] == before[key], key
+
+
+def test_repeated_runs_are_identical():
+    stepper = ddtree.Stepper(max_batch=8, budget=1023, depth=15, vocab=151936, device=DEV)
+    x, roots, prefix = stepper_inputs()
+    first = snapshot(stepper.step(x, roots, prefix))
+    for _ in range(20):
+        again = snapshot(stepper.step(x, roots, prefix))
+        for name in first:
+            assert torch.equal(first[name], again[name]), name
+
+
+def test_gpu_limits_raise_before_launch():
+    x, roots, prefix = stepper_inputs(bs=2, vocab=3000)
+    with pytest.raises(ValueError, match="budget"):
+        ddtree.build_tree(x, roots, prefix, budget=2000)
+    with pytest.raises(ValueError, match="root_tokens"):
+        ddtree.build_tree(x, roots.cpu(), prefix, budget=20)
+
+
+def test_bad_requests_get_a_status_not_an_exception():
+    x, roots, prefix = stepper_inputs(bs=3, vocab=3000)
+    roots[1] = 5000  # outside the vocabulary
+    prefix[2] = -4
+    tree = ddtree.build_tree(x, roots, prefix, budget=20)
+    assert tree.status.tolist() == [0, 2, 3]
+    assert tree.num_nodes.tolist() == [20, 0, 0]
