@@ -191,3 +191,35 @@ def test_visibility_and_full_mask_match_reference(rng):
         assert got.data_ptr() == out.data_ptr()
         np.testing.assert_array_equal(got.numpy(), want)
         assert not out[want.size :].any()
+
+
+def test_stages_2_3_alone_rebuild_the_same_tree(rng):
+    """The stage-2/3 entry (used to time them apart) reproduces build_tree from its own
+    stage-1 results, rejected requests included."""
+    from ddtree import _cpu
+
+    x = draft_logits(rng, (4, 5, 300), "quantised", torch.bfloat16)
+    x[2, 1, 7] = float("nan")
+    roots, prefix = torch.arange(4), torch.arange(4) * 10
+    want = ddtree.build_tree(x, roots, prefix, budget=64, topk=9)
+    got = ddtree.Tree(**{n: getattr(want, n).clone() for n in want.__dataclass_fields__})
+    for name in TREE_FIELDS:
+        getattr(got, name).fill_(7)
+    eligible = torch.isfinite(want.topk_logprobs).sum(-1).to(torch.int32).flatten()
+    eligible[want.status.repeat_interleave(5) != 0] = -1
+    _cpu.select_emit(got, eligible, roots, prefix, vocab=300)
+    for name in TREE_FIELDS + ("status", "topk_ids"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+
+
+def test_walk_with_given_tokens_equals_the_greedy_walk(rng):
+    from ddtree import _buffers, _cpu
+
+    _, tree, _, _ = build_both(rng, "quantised", (3, 6, 40), 64, None, torch.float32)
+    target = chosen_target(rng, tree, 40)
+    want = ddtree.accept_tree(tree, target)
+    tokens = target.argmax(-1)  # first maximum, as SPEC's greedy posterior
+    got = _buffers.new_acceptance(3, 6, "cpu")
+    _cpu.accept_tokens_into(tree, tokens.contiguous(), got)
+    for name in want.__dataclass_fields__:
+        assert torch.equal(getattr(got, name), getattr(want, name)), name

@@ -18,6 +18,16 @@ def build_tree(
     topk: int | None,
     out: dict[str, int],
 ) -> int: ...
+def select_emit(
+    eligible: int,
+    root_tokens: int,
+    prefix_lens: int,
+    shape: list[int],
+    budget: int,
+    topk: int | None,
+    out: dict[str, int],
+) -> None: ...
+def accept_tokens(posterior_tokens: int, args: dict[str, int]) -> None: ...
 def accept_greedy(target_logits: TensorArg, args: dict[str, int]) -> None: ...
 def accept_sampled(
     target_logits: TensorArg,

@@ -46,6 +46,26 @@ def build_into(tree: Tree, draft_logits, root_tokens, prefix_lens, budget: int, 
     )
 
 
+def select_emit(tree: Tree, eligible: torch.Tensor, root_tokens, prefix_lens, vocab: int):
+    """SPEC stages 2–3 into ``tree`` from the stage-1 results it already holds; ``eligible``
+    is int32 ``[bs * L]`` (finite ranks per row, -1 for a rejected row)."""
+    bs, depth, k = tree.topk_ids.shape
+    _core.select_emit(
+        eligible.data_ptr(),
+        root_tokens.data_ptr(),
+        prefix_lens.data_ptr(),
+        [bs, depth, vocab],
+        tree.width - 1,
+        k,
+        {name: getattr(tree, name).data_ptr() for name in TREE_FIELDS},
+    )
+
+
+def accept_tokens_into(tree: Tree, posterior_tokens: torch.Tensor, acc: Acceptance) -> None:
+    """SPEC stage 4 with one posterior token per node given (int64 ``[bs, Q]``)."""
+    _core.accept_tokens(posterior_tokens.data_ptr(), _accept_args(tree, acc))
+
+
 def _accept_args(tree: Tree, acc: Acceptance) -> dict:
     return {
         "bs": tree.batch_size,

@@ -1,7 +1,7 @@
 //! A whole batch through stages 1–4 on the CPU, parallel over rows and requests (rayon).
 
 use crate::accept::{walk, AcceptOut, TreeLinks};
-use crate::candidates::{candidates, NonFinite, RowCandidates};
+use crate::candidates::candidates;
 use crate::emit::{emit, mask_words, RequestTree, VerifyInputs};
 use crate::error::{ensure, Result};
 use crate::logits::{Element, Logits3};
@@ -155,28 +155,65 @@ pub fn build_tree<T: Element>(
     out.check(&s)?;
     check_requests(&s, root_tokens, prefix_lens)?;
     let rows = stage_candidates(logits, &s, out.topk_logprobs, out.topk_ids);
-    let requests = split_requests(out, &s);
-    requests
+    select_and_emit(&s, &rows, root_tokens, prefix_lens, out);
+    Ok(s)
+}
+
+/// SPEC stages 2–3 from stage-1 results already in `out.topk_logprobs` / `out.topk_ids`:
+/// `eligible[b * L + d]` finite ranks of each row, `None` for a rejected row.
+pub fn build_from_candidates(
+    s: &Shape,
+    eligible: &[Option<usize>],
+    root_tokens: &[i64],
+    prefix_lens: &[i64],
+    out: TreeBuffers<'_>,
+) -> Result<()> {
+    out.check(s)?;
+    check_requests(s, root_tokens, prefix_lens)?;
+    ensure(eligible.len() == s.bs * s.depth, "eligible", || {
+        format!(
+            "has {} rows, the shape needs {}",
+            eligible.len(),
+            s.bs * s.depth
+        )
+    })?;
+    select_and_emit(s, eligible, root_tokens, prefix_lens, out);
+    Ok(())
+}
+
+/// Stages 2–3 of every request in parallel.
+fn select_and_emit(
+    s: &Shape,
+    rows: &[Option<usize>],
+    root_tokens: &[i64],
+    prefix_lens: &[i64],
+    out: TreeBuffers<'_>,
+) {
+    split_requests(out, s)
         .into_par_iter()
         .enumerate()
         .for_each(|(b, mut req)| {
             let row_results = &rows[b * s.depth..(b + 1) * s.depth];
-            build_request(&s, row_results, root_tokens[b], prefix_lens[b], &mut req);
+            build_request(s, row_results, root_tokens[b], prefix_lens[b], &mut req);
         });
-    Ok(s)
 }
 
-/// Stage 1 for every (request, depth) row in parallel.
+/// Stage 1 for every (request, depth) row in parallel: each row's eligible count, or
+/// `None` where the row holds NaN / `+inf`.
 fn stage_candidates<T: Element>(
     logits: Logits3<'_, T>,
     s: &Shape,
     lp: &mut [f32],
     ti: &mut [i64],
-) -> Vec<std::result::Result<RowCandidates, NonFinite>> {
+) -> Vec<Option<usize>> {
     lp.par_chunks_mut(s.k)
         .zip(ti.par_chunks_mut(s.k))
         .enumerate()
-        .map(|(row, (lp, ti))| candidates(logits.row(row / s.depth, row % s.depth), lp, ti))
+        .map(|(row, (lp, ti))| {
+            candidates(logits.row(row / s.depth, row % s.depth), lp, ti)
+                .ok()
+                .map(|c| c.eligible)
+        })
         .collect()
 }
 
@@ -226,12 +263,12 @@ fn split_requests<'a>(out: TreeBuffers<'a>, s: &Shape) -> Vec<RequestOut<'a>> {
 /// Stages 2–3 of one request, or its empty tree if stage 1 rejected a row.
 fn build_request(
     s: &Shape,
-    rows: &[std::result::Result<RowCandidates, NonFinite>],
+    rows: &[Option<usize>],
     root_token: i64,
     prefix_len: i64,
     out: &mut RequestOut<'_>,
 ) {
-    let eligible: Option<Vec<usize>> = rows.iter().map(|r| r.ok().map(|c| c.eligible)).collect();
+    let eligible: Option<Vec<usize>> = rows.iter().copied().collect();
     let nodes = match &eligible {
         Some(eligible) => {
             *out.status = STATUS_OK;
@@ -294,6 +331,8 @@ impl<'a> BatchLinks<'a> {
 pub enum Posterior<'a, T> {
     /// Greedy: argmax of the target logits `[bs, Q, V]`, computed only at visited nodes.
     Greedy(Logits3<'a, T>),
+    /// Posterior tokens computed beforehand, `[bs, Q]` (e.g. by the target's own sampler).
+    Tokens(&'a [i64]),
     /// A draw from the filtered target distribution at each visited node, per-request
     /// parameters (`temperature == 0` is greedy), random numbers keyed by `seed`.
     Sampled {
@@ -332,6 +371,9 @@ pub fn accept_tree<T: Element>(
                     base,
                     row_out,
                 ),
+                Posterior::Tokens(t) => {
+                    walk(links.request(b), |i| t[b * links.q + i], base, row_out)
+                }
                 Posterior::Sampled {
                     target,
                     params,
@@ -380,6 +422,9 @@ fn check_accept<T: Element>(
                 format!("shape must be [{bs}, {}, V], got {:?}", links.q, t.shape())
             })?;
         }
+        Posterior::Tokens(t) => ensure(t.len() == bs * links.q, "posterior_tokens", || {
+            format!("must hold bs x Q = {} tokens", bs * links.q)
+        })?,
     }
     if let Posterior::Sampled { params, .. } = posterior {
         check_params(params, bs)?;

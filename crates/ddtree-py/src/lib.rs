@@ -32,6 +32,68 @@ pub struct TreeOut {
     pub(crate) status: usize,
 }
 
+impl TreeOut {
+    /// # Safety
+    /// The pointers must address live, non-overlapping tensors sized for `s`.
+    unsafe fn buffers(&self, s: &batch::Shape) -> TreeBuffers<'static> {
+        let (bs, q, lk) = (s.bs, s.q(), s.depth * s.k);
+        TreeBuffers {
+            verify_ids: slice_mut(self.verify_ids, bs * q),
+            positions: slice_mut(self.positions, bs * q),
+            depths: slice_mut(self.depths, bs * q),
+            parents: slice_mut(self.parents, bs * q),
+            first_child: slice_mut(self.first_child, bs * q),
+            next_sibling: slice_mut(self.next_sibling, bs * q),
+            ancestor_bits: slice_mut(self.ancestor_bits, bs * q * s.words()),
+            scores: slice_mut(self.scores, bs * q),
+            num_nodes: slice_mut(self.num_nodes, bs),
+            topk_logprobs: slice_mut(self.topk_logprobs, bs * lk),
+            topk_ids: slice_mut(self.topk_ids, bs * lk),
+            status: slice_mut(self.status, bs),
+        }
+    }
+}
+
+/// SPEC stages 2–3 from the stage-1 results already in `out` (`topk_logprobs`, `topk_ids`)
+/// and `eligible` (int32 `[bs * L]`, -1 for a rejected row).
+#[pyfunction]
+#[pyo3(signature = (eligible, root_tokens, prefix_lens, shape, budget, topk, out))]
+#[allow(clippy::too_many_arguments)]
+fn select_emit(
+    py: Python<'_>,
+    eligible: usize,
+    root_tokens: usize,
+    prefix_lens: usize,
+    shape: [usize; 3],
+    budget: usize,
+    topk: Option<usize>,
+    out: TreeOut,
+) -> PyResult<()> {
+    let s = batch::Shape::new(shape, budget, topk).map_err(errors::to_py)?;
+    // SAFETY: live, checked tensors sized for `s` (tensor.rs).
+    let (bufs, rows, roots, prefix) = unsafe {
+        (
+            out.buffers(&s),
+            slice::<i32>(eligible, s.bs * s.depth),
+            slice::<i64>(root_tokens, s.bs),
+            slice::<i64>(prefix_lens, s.bs),
+        )
+    };
+    let rows: Vec<Option<usize>> = rows.iter().map(|&e| usize::try_from(e).ok()).collect();
+    py.detach(|| batch::build_from_candidates(&s, &rows, roots, prefix, bufs))
+        .map_err(errors::to_py)
+}
+
+/// SPEC stage 4 with the posterior tokens given (`[bs, Q]` int64, one per node).
+#[pyfunction]
+fn accept_tokens(py: Python<'_>, posterior_tokens: usize, args: AcceptArgs) -> PyResult<()> {
+    // SAFETY: live, checked tensors (tensor.rs).
+    let tokens = unsafe { slice::<i64>(posterior_tokens, args.bs * args.q) };
+    let (links, out) = unsafe { args.split() };
+    py.detach(|| batch::accept_tree(links, Posterior::<f32>::Tokens(tokens), out))
+        .map_err(errors::to_py)
+}
+
 /// SPEC stages 1–3 on the CPU; returns `K`.
 #[pyfunction]
 #[pyo3(signature = (draft_logits, root_tokens, prefix_lens, budget, topk, out))]
@@ -87,24 +149,14 @@ fn build_as<T: Element>(
     // SAFETY: the Python layer passes live, checked tensors (tensor.rs).
     let logits: Logits3<'_, T> = unsafe { logits.logits3("draft_logits")? };
     let s = batch::Shape::new(logits.shape(), budget, topk).map_err(errors::to_py)?;
-    let (bs, q, lk) = (s.bs, s.q(), s.depth * s.k);
-    let bufs = unsafe {
-        TreeBuffers {
-            verify_ids: slice_mut(out.verify_ids, bs * q),
-            positions: slice_mut(out.positions, bs * q),
-            depths: slice_mut(out.depths, bs * q),
-            parents: slice_mut(out.parents, bs * q),
-            first_child: slice_mut(out.first_child, bs * q),
-            next_sibling: slice_mut(out.next_sibling, bs * q),
-            ancestor_bits: slice_mut(out.ancestor_bits, bs * q * s.words()),
-            scores: slice_mut(out.scores, bs * q),
-            num_nodes: slice_mut(out.num_nodes, bs),
-            topk_logprobs: slice_mut(out.topk_logprobs, bs * lk),
-            topk_ids: slice_mut(out.topk_ids, bs * lk),
-            status: slice_mut(out.status, bs),
-        }
+    // SAFETY: live, checked tensors sized for `s` (tensor.rs).
+    let bufs = unsafe { out.buffers(&s) };
+    let (roots, prefix) = unsafe {
+        (
+            slice::<i64>(root_tokens, s.bs),
+            slice::<i64>(prefix_lens, s.bs),
+        )
     };
-    let (roots, prefix) = unsafe { (slice::<i64>(root_tokens, bs), slice::<i64>(prefix_lens, bs)) };
     py.detach(|| batch::build_tree(logits, roots, prefix, budget, topk, bufs))
         .map_err(errors::to_py)?;
     Ok(s.k)
@@ -256,6 +308,8 @@ fn sglang_custom_mask(
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(build_tree, m)?)?;
     m.add_function(wrap_pyfunction!(accept_greedy, m)?)?;
+    m.add_function(wrap_pyfunction!(select_emit, m)?)?;
+    m.add_function(wrap_pyfunction!(accept_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(accept_sampled, m)?)?;
     m.add_function(wrap_pyfunction!(sglang_custom_mask, m)?)?;
     m.add_function(wrap_pyfunction!(cuda::cuda_build_tree, m)?)?;
