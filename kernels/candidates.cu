@@ -7,7 +7,8 @@
       NAME(const T* __restrict__ logits, long long s0, long long s1, long long s2, int L, \
            int V, int K, float* __restrict__ lp, long long* __restrict__ ti,              \
            int* __restrict__ eligible, int* __restrict__ bad) {                          \
-    __shared__ ddtree::CandShared s;                                                      \
+    extern __shared__ __align__(16) char smem[];                                          \
+    ddtree::CandShared& s = *reinterpret_cast<ddtree::CandShared*>(smem);                  \
     const int row = blockIdx.x;                                                           \
     const int b = row / L, d = row % L;                                                   \
     const T* r = logits + static_cast<long long>(b) * s0 + static_cast<long long>(d) * s1; \

@@ -18,6 +18,10 @@ def main() -> None:
             prefix = torch.randint(0, 50, (bs,), device=dev, generator=g)
             tree = ddtree.build_tree(x, roots, prefix, budget=budget, topk=min(budget, 40))
             tree.sglang_custom_mask(prefix)
+        # All-equal rows: the tie fallbacks (radix select, id-ordered collect).
+        x = torch.zeros(2, 2, 20000, device=dev, dtype=dtype)
+        z = torch.zeros(2, dtype=torch.int64, device=dev)
+        ddtree.build_tree(x, z, z, budget=255)
     torch.cuda.synchronize()
     print("gpu_small: ok")
 

@@ -208,3 +208,16 @@ def test_bad_requests_get_a_status_not_an_exception():
     tree = ddtree.build_tree(x, roots, prefix, budget=20)
     assert tree.status.tolist() == [0, 2, 3]
     assert tree.num_nodes.tolist() == [20, 0, 0]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", ["all_equal", "quantised", "masked"])
+def test_huge_ties_take_the_fallback_paths(kind, dtype):
+    """Rows whose ties overflow shared memory (all equal, or few distinct values over a
+    large vocabulary) take the radix select and the id-ordered collect."""
+    rng = np.random.default_rng(77)
+    for budget, topk in ((255, None), (1023, None), (63, 7)):
+        x, roots, prefix = make_inputs(rng, kind, (3, 2, 20000), dtype, False, False)
+        cpu = ddtree.build_tree(x, roots, prefix, budget=budget, topk=topk)
+        gpu = ddtree.build_tree(x.to(DEV), roots.to(DEV), prefix.to(DEV), budget=budget, topk=topk)
+        compare(cpu, gpu, x, roots, prefix, budget)

@@ -100,19 +100,19 @@ impl Device {
         let emit = load(kernels::EMIT, "emit")?;
         let f = |m, name: &str| function(m, name);
         let select_fn = f(select, "ddtree_select")?;
-        let smem_limit = crate::launch::MAX_DYNAMIC_SMEM as i32;
-        unsafe {
-            result::function::set_function_attribute(
-                select_fn,
-                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem_limit,
-            )
+        let cand = [
+            f(cand, "ddtree_candidates_f32")?,
+            f(cand, "ddtree_candidates_f16")?,
+            f(cand, "ddtree_candidates_bf16")?,
+        ];
+        allow_dynamic_smem(select_fn, crate::launch::MAX_DYNAMIC_SMEM)?;
+        for c in cand {
+            allow_dynamic_smem(c, crate::launch::CANDIDATE_SMEM)?;
         }
-        .map_err(|e| CudaError::driver("cuFuncSetAttribute", e))?;
         Ok(Self {
-            candidates_f32: f(cand, "ddtree_candidates_f32")?,
-            candidates_f16: f(cand, "ddtree_candidates_f16")?,
-            candidates_bf16: f(cand, "ddtree_candidates_bf16")?,
+            candidates_f32: cand[0],
+            candidates_f16: cand[1],
+            candidates_bf16: cand[2],
             select: select_fn,
             emit: f(emit, "ddtree_emit")?,
             full_mask: f(emit, "ddtree_full_mask")?,
@@ -143,6 +143,18 @@ fn load_module(image: &'static [u8], name: &str, cc: u32) -> Result<CUmodule, Cu
     };
     unsafe { result::module::load_data(aligned.as_ptr().cast::<c_void>()) }
         .map_err(|e| CudaError::driver("cuModuleLoadData", e))
+}
+
+/// Lets `f` ask for up to `bytes` of dynamic shared memory (above the 48 KB default).
+fn allow_dynamic_smem(f: CUfunction, bytes: usize) -> Result<(), CudaError> {
+    unsafe {
+        result::function::set_function_attribute(
+            f,
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            bytes as i32,
+        )
+    }
+    .map_err(|e| CudaError::driver("cuFuncSetAttribute", e))
 }
 
 fn function(module: CUmodule, name: &str) -> Result<CUfunction, CudaError> {

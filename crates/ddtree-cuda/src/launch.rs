@@ -4,6 +4,9 @@ use crate::CudaError;
 
 /// Threads per block of the candidates kernel (must match `kCandThreads`).
 pub const CANDIDATE_THREADS: u32 = 1024;
+/// Dynamic shared memory of the candidates kernel (`kCandSmem`, checked there by a
+/// static_assert against the size of its shared state).
+pub const CANDIDATE_SMEM: usize = 80 * 1024;
 /// Largest K the candidates kernel sorts in shared memory (`kMaxK`).
 pub const MAX_K: usize = 1024;
 /// Largest budget the selection kernel supports (`kMaxBudget`).
@@ -77,7 +80,7 @@ impl BuildShape {
 /// Mirror of `SelectSmem::bytes` in `select.cuh`.
 pub fn select_smem_bytes(budget: usize, depth: usize, k: usize, cache_lp: bool) -> usize {
     let n = budget + 1;
-    let frontier = n * (8 + 8 * 4 + 2 + 2 + 2 + 1);
+    let frontier = n * (8 + 8 + 8 * 4 + 2 + 2 + 2 + 1);
     let nodes = n * (8 + 2 + 2 + 1 + 2 + 2);
     let b = (frontier + nodes + 15) & !15;
     b + if cache_lp { depth * k * 4 } else { 0 }

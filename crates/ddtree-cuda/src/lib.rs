@@ -228,7 +228,7 @@ unsafe fn launch_candidates(
         f,
         grid,
         CANDIDATE_THREADS,
-        0,
+        launch::CANDIDATE_SMEM,
         stream,
         &mut p,
     )

@@ -40,7 +40,8 @@ __device__ __forceinline__ bool before(uint64_t ka, const Path& pa, uint64_t kb,
 
 // Shared-memory layout, carved from dynamic shared memory (sizes depend on B, L, K).
 struct SelectSmem {
-  double* f_score;   // [B+1] frontier scores; NaN marks a dead slot
+  uint64_t* f_key;   // [B+1] double_key(score); 0 marks a dead slot (below every score)
+  double* f_score;   // [B+1] frontier scores
   uint64_t* f_path;  // [kPathWords][B+1]
   short* f_parent;   // [B+1] node index of the parent (0 = root)
   short* f_prev;     // [B+1] node index of the previous sibling, -1 for a first child
@@ -56,7 +57,7 @@ struct SelectSmem {
 
   static __host__ __device__ size_t bytes(int budget, int depth, int k, bool cache_lp) {
     const size_t n = budget + 1;
-    size_t b = n * (8 + 8 * kPathWords + 2 + 2 + 2 + 1) + n * (8 + 2 + 2 + 1 + 2 + 2);
+    size_t b = n * (8 + 8 + 8 * kPathWords + 2 + 2 + 2 + 1) + n * (8 + 2 + 2 + 1 + 2 + 2);
     b = (b + 15) & ~size_t(15);
     return b + (cache_lp ? size_t(depth) * k * 4 : 0);
   }
@@ -66,6 +67,7 @@ struct SelectSmem {
     SelectSmem s;
     char* p = base;
     auto take = [&](size_t bytes) { char* r = p; p += bytes; return r; };
+    s.f_key = reinterpret_cast<uint64_t*>(take(n * 8));
     s.f_score = reinterpret_cast<double*>(take(n * 8));
     s.n_score = reinterpret_cast<double*>(take(n * 8));
     s.f_path = reinterpret_cast<uint64_t*>(take(n * 8 * kPathWords));
@@ -86,15 +88,8 @@ struct SelectSmem {
 
 struct Best {
   uint64_t key;
-  Path path;
   int slot;  // -1: none
 };
-
-__device__ __forceinline__ bool better(const Best& a, const Best& b) {
-  if (a.slot < 0) return false;
-  if (b.slot < 0) return true;
-  return before(a.key, a.path, b.key, b.path);
-}
 
 __device__ __forceinline__ Path slot_path(const SelectSmem& s, int slot, int n) {
   Path p;
@@ -102,36 +97,36 @@ __device__ __forceinline__ Path slot_path(const SelectSmem& s, int slot, int n) 
   return p;
 }
 
+// Canonical order of two live slots; paths are read only when the scores tie.
+__device__ __forceinline__ bool better(const SelectSmem& s, int n, const Best& a, const Best& b) {
+  if (a.slot < 0) return false;
+  if (b.slot < 0) return true;
+  if (a.key != b.key) return a.key > b.key;
+  return before(a.key, slot_path(s, a.slot, n), b.key, slot_path(s, b.slot, n));
+}
+
 // This lane's best live slot among slots lane, lane+32, ... < used.
 __device__ Best lane_best(const SelectSmem& s, int used, int n) {
-  Best best{0, {}, -1};
+  Best best{0, -1};
+#pragma unroll 4
   for (int slot = threadIdx.x % kWarp; slot < used; slot += kWarp) {
-    const double sc = s.f_score[slot];
-    if (isnan(sc)) continue;
-    const Best c{double_key(sc), slot_path(s, slot, n), slot};
-    if (better(c, best)) best = c;
+    const Best c{s.f_key[slot], slot};
+    if (c.key != 0 && better(s, n, c, best)) best = c;
   }
   return best;
 }
 
-__device__ __forceinline__ Best shfl_best(const Best& b, int lane_mask) {
-  Best o;
-  o.key = __shfl_xor_sync(0xffffffffu, b.key, lane_mask);
-  for (int i = 0; i < kPathWords; ++i) o.path.w[i] = __shfl_xor_sync(0xffffffffu, b.path.w[i], lane_mask);
-  o.slot = __shfl_xor_sync(0xffffffffu, b.slot, lane_mask);
-  return o;
-}
-
-__device__ __forceinline__ Best warp_best(Best b) {
+__device__ __forceinline__ Best warp_best(const SelectSmem& s, int n, Best b) {
   for (int o = 16; o > 0; o >>= 1) {
-    const Best other = shfl_best(b, o);
-    if (better(other, b)) b = other;
+    const Best other{__shfl_xor_sync(0xffffffffu, b.key, o), __shfl_xor_sync(0xffffffffu, b.slot, o)};
+    if (better(s, n, other, b)) b = other;
   }
   return b;
 }
 
 __device__ __forceinline__ void put(SelectSmem& s, int n, int slot, double score, const Path& p,
                                     int parent, int prev, int depth, int rank) {
+  s.f_key[slot] = double_key(score);
   s.f_score[slot] = score;
   for (int i = 0; i < kPathWords; ++i) s.f_path[i * n + slot] = p.w[i];
   s.f_parent[slot] = static_cast<short>(parent);
@@ -182,7 +177,7 @@ __device__ int select_request(const float* __restrict__ lp_global, const long lo
   int nodes = 0;
   Best mine = lane_best(s, used, n);
   while (nodes < budget) {
-    const Best win = warp_best(mine);
+    const Best win = warp_best(s, n, mine);
     if (win.slot < 0) break;
     const int node = ++nodes;
     // Read phase (every lane), then lane 0 writes, then the affected lanes rescan.
@@ -190,6 +185,7 @@ __device__ int select_request(const float* __restrict__ lp_global, const long lo
     const int depth = s.f_depth[slot], rank = s.f_rank[slot], parent = s.f_parent[slot];
     const int prev = s.f_prev[slot];
     const double score = s.f_score[slot];
+    const Path path = slot_path(s, slot, n);
     const bool has_sibling = ok(depth, rank + 1);
     const bool has_child = ok(depth + 1, 0);
     const double parent_score = s.n_score[parent];
@@ -202,16 +198,16 @@ __device__ int select_request(const float* __restrict__ lp_global, const long lo
       if (prev < 0) s.n_first[parent] = static_cast<short>(node);
       else s.n_next[prev] = static_cast<short>(node);
       // The popped slot takes the next sibling; the first child takes a new slot.
-      s.f_score[slot] = NAN;
+      s.f_key[slot] = 0;
       if (has_sibling) {
         const double lp_next = lp_at(depth, rank + 1);
         const double sib = parent == 0 ? lp_next : parent_score + lp_next;
-        Path sp = win.path;
+        Path sp = path;
         path_add(sp, depth - 1, 1);
         put(s, n, slot, sib, sp, parent, node, depth, rank + 1);
       }
       if (has_child) {
-        Path cp = win.path;
+        Path cp = path;
         path_add(cp, depth, 1);
         put(s, n, used, score + lp_at(depth + 1, 0), cp, node, -1, depth + 1, 0);
       }
