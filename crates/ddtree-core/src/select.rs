@@ -7,36 +7,9 @@
 //! that order.
 
 use std::cmp::Ordering;
-use std::collections::BinaryHeap;
 
 /// The deepest tree this build supports (SPEC's L is 15 for b16 drafters).
 pub const MAX_DEPTH: usize = 32;
-
-/// A rank path `(r1, …, rd)`, stored inline so heap entries need no allocation.
-#[derive(Clone, Copy, PartialEq, Eq)]
-struct RankPath {
-    ranks: [u16; MAX_DEPTH],
-    len: u8,
-}
-
-impl RankPath {
-    fn as_slice(&self) -> &[u16] {
-        &self.ranks[..self.len as usize]
-    }
-
-    fn with_last(&self, rank: u16) -> Self {
-        let mut next = *self;
-        next.ranks[next.len as usize - 1] = rank;
-        next
-    }
-
-    fn child(&self, rank: u16) -> Self {
-        let mut next = *self;
-        next.ranks[next.len as usize] = rank;
-        next.len += 1;
-        next
-    }
-}
 
 /// One selected node: index `1 + position` in the selection.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -51,35 +24,14 @@ pub struct Node {
     pub score: f64,
 }
 
-/// A path waiting in the heap.
+/// A path waiting in the frontier: `parent`'s path extended by `rank` at `depth`.
+#[derive(Clone, Copy)]
 struct Pending {
     score: f64,
-    path: RankPath,
-    parent: usize,
+    parent: u32,
+    rank: u16,
+    depth: u8,
 }
-
-impl Ord for Pending {
-    fn cmp(&self, other: &Self) -> Ordering {
-        // Max-heap: higher score first, then the lexicographically smaller path. Scores are
-        // never NaN (log-probs are ≤ 0 or -inf and only ever added).
-        let by_score = self
-            .score
-            .partial_cmp(&other.score)
-            .unwrap_or(Ordering::Equal);
-        by_score.then_with(|| other.path.as_slice().cmp(self.path.as_slice()))
-    }
-}
-impl PartialOrd for Pending {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl PartialEq for Pending {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
-    }
-}
-impl Eq for Pending {}
 
 /// Stage-1 candidates of one request: `lp[d * k + r]` is LP at depth d+1, rank r.
 #[derive(Clone, Copy)]
@@ -104,51 +56,142 @@ impl RequestCandidates<'_> {
     }
 }
 
+/// The frontier: a binary max-heap of (score, index into `pending`) in canonical order.
+/// Entries move as 16 bytes and compare by score in place; rank paths are compared (through
+/// the chosen nodes' ranks) only when two scores tie exactly.
+struct Frontier {
+    pending: Vec<Pending>,
+    heap: Vec<(f64, u32)>,
+}
+
+impl Frontier {
+    fn with_capacity(n: usize) -> Self {
+        Self {
+            pending: Vec::with_capacity(n),
+            heap: Vec::with_capacity(n),
+        }
+    }
+
+    /// Canonical "a before b": higher score, then the lexicographically smaller rank path.
+    fn before(&self, nodes: &[Node], a: (f64, u32), b: (f64, u32)) -> bool {
+        match a.0.partial_cmp(&b.0) {
+            Some(Ordering::Greater) => true,
+            Some(Ordering::Less) => false,
+            _ => {
+                let (pa, pb) = (&self.pending[a.1 as usize], &self.pending[b.1 as usize]);
+                path_cmp(nodes, pa, pb) == Ordering::Less
+            }
+        }
+    }
+
+    fn push(&mut self, nodes: &[Node], p: Pending) {
+        self.pending.push(p);
+        self.heap.push((p.score, self.pending.len() as u32 - 1));
+        let mut i = self.heap.len() - 1;
+        while i > 0 {
+            let up = (i - 1) / 2;
+            if !self.before(nodes, self.heap[i], self.heap[up]) {
+                break;
+            }
+            self.heap.swap(i, up);
+            i = up;
+        }
+    }
+
+    fn pop(&mut self, nodes: &[Node]) -> Option<Pending> {
+        let top = *self.heap.first()?;
+        let last = self.heap.pop().unwrap();
+        if !self.heap.is_empty() {
+            self.heap[0] = last;
+            let mut i = 0;
+            loop {
+                let (l, r) = (2 * i + 1, 2 * i + 2);
+                let mut best = i;
+                for c in [l, r] {
+                    if c < self.heap.len() && self.before(nodes, self.heap[c], self.heap[best]) {
+                        best = c;
+                    }
+                }
+                if best == i {
+                    break;
+                }
+                self.heap.swap(i, best);
+                i = best;
+            }
+        }
+        Some(self.pending[top.1 as usize])
+    }
+}
+
+/// Lexicographic order of two pending paths (a proper prefix first), walking the chosen
+/// nodes' parent links from the root down.
+fn path_cmp(nodes: &[Node], a: &Pending, b: &Pending) -> Ordering {
+    let pa = ranks_of(nodes, a);
+    let pb = ranks_of(nodes, b);
+    pa[..a.depth as usize].cmp(&pb[..b.depth as usize])
+}
+
+fn ranks_of(nodes: &[Node], p: &Pending) -> [u16; MAX_DEPTH] {
+    let mut ranks = [0u16; MAX_DEPTH];
+    let mut d = p.depth as usize;
+    ranks[d - 1] = p.rank;
+    let mut n = p.parent as usize;
+    while n != 0 {
+        d -= 1;
+        let node = &nodes[n - 1];
+        ranks[d - 1] = node.rank as u16;
+        n = node.parent;
+    }
+    ranks
+}
+
 /// The first `budget` rank paths in canonical order (fewer if fewer exist).
 pub fn select(cands: RequestCandidates<'_>, budget: usize) -> Vec<Node> {
-    let mut nodes = Vec::with_capacity(budget);
-    let mut heap = BinaryHeap::with_capacity(budget + 2);
+    let mut nodes: Vec<Node> = Vec::with_capacity(budget);
+    let mut frontier = Frontier::with_capacity(2 * budget + 2);
     if cands.is_eligible(1, 0) {
-        let first = RankPath {
-            ranks: [0; MAX_DEPTH],
-            len: 1,
-        };
-        heap.push(Pending {
+        let first = Pending {
             score: cands.lp(1, 0),
-            path: first,
             parent: 0,
-        });
+            rank: 0,
+            depth: 1,
+        };
+        frontier.push(&nodes, first);
     }
     while nodes.len() < budget {
-        let Some(best) = heap.pop() else { break };
-        let depth = best.path.len as usize;
-        let rank = best.path.ranks[depth - 1] as usize;
+        let Some(best) = frontier.pop(&nodes) else {
+            break;
+        };
+        let (depth, rank) = (best.depth as usize, best.rank as usize);
         nodes.push(Node {
-            parent: best.parent,
+            parent: best.parent as usize,
             depth,
             rank,
             score: best.score,
         });
-        let index = nodes.len();
+        let index = nodes.len() as u32;
         if cands.is_eligible(depth, rank + 1) {
             // The sibling's score: its parent's score plus the next rank's log-prob.
             let lp = cands.lp(depth, rank + 1);
             let score = match best.parent {
                 0 => lp,
-                p => nodes[p - 1].score + lp,
+                p => nodes[p as usize - 1].score + lp,
             };
-            heap.push(Pending {
+            let sibling = Pending {
                 score,
-                path: best.path.with_last(rank as u16 + 1),
-                parent: best.parent,
-            });
+                rank: best.rank + 1,
+                ..best
+            };
+            frontier.push(&nodes, sibling);
         }
         if cands.is_eligible(depth + 1, 0) {
-            heap.push(Pending {
+            let child = Pending {
                 score: best.score + cands.lp(depth + 1, 0),
-                path: best.path.child(0),
                 parent: index,
-            });
+                rank: 0,
+                depth: best.depth + 1,
+            };
+            frontier.push(&nodes, child);
         }
     }
     nodes
