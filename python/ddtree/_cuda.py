@@ -3,6 +3,8 @@ on PyTorch's current stream of their device. Nothing here synchronizes or alloca
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from . import _core
@@ -16,7 +18,14 @@ def device_index(device: torch.device) -> int:
 
 def stream_of(device: torch.device) -> int:
     """The raw handle of PyTorch's current stream (the capture stream inside a graph)."""
-    return torch.cuda.current_stream(device).cuda_stream
+    return raw_stream(device_index(device))
+
+
+def raw_stream(index: int) -> int:
+    """PyTorch's current stream of device ``index`` as a raw handle; the private binding is
+    a few times cheaper than ``torch.cuda.current_stream`` on the per-step path."""
+    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return get(index) if get is not None else torch.cuda.current_stream(index).cuda_stream
 
 
 def prepare(device: torch.device) -> None:
@@ -32,24 +41,42 @@ def new_scratch(rows: int, device) -> dict:
     }
 
 
-def build_into(
-    tree: Tree, draft_logits, root_tokens, prefix_lens, budget, k, scratch, stages=7
-) -> None:
-    """SPEC stages 1–3 into the tensors of ``tree`` (three kernel launches; ``stages`` is a
-    bit mask 1 | 2 | 4 used by the benchmark to time one stage at a time)."""
-    device = draft_logits.device
+class LaunchPlan(NamedTuple):
+    """Device index and output pointers of one build shape (fixed for static buffers)."""
+
+    device: int
+    out: dict
+    scratch: dict
+
+    @classmethod
+    def of(cls, tree: Tree, scratch: dict) -> LaunchPlan:
+        return cls(
+            device_index(tree.device),
+            {name: getattr(tree, name).data_ptr() for name in TREE_FIELDS},
+            {name: t.data_ptr() for name, t in scratch.items()},
+        )
+
+
+def launch_build(plan: LaunchPlan, draft_logits, root_tokens, prefix_lens, budget, k, stages=7):
+    """SPEC stages 1–3 into the planned outputs (three kernel launches; ``stages`` is a bit
+    mask 1 | 2 | 4 the benchmark uses to time one stage at a time)."""
     _core.cuda_build_tree(
-        device_index(device),
-        stream_of(device),
+        plan.device,
+        raw_stream(plan.device),
         tensor_arg(draft_logits),
         root_tokens.data_ptr(),
         prefix_lens.data_ptr(),
         budget,
         k,
-        {name: getattr(tree, name).data_ptr() for name in TREE_FIELDS},
-        {name: t.data_ptr() for name, t in scratch.items()},
+        plan.out,
+        plan.scratch,
         stages,
     )
+
+
+def build_into(tree: Tree, draft_logits, root_tokens, prefix_lens, budget, k, scratch) -> None:
+    """SPEC stages 1–3 into the tensors of ``tree``."""
+    launch_build(LaunchPlan.of(tree, scratch), draft_logits, root_tokens, prefix_lens, budget, k)
 
 
 def full_mask(ancestor_bits, seq_lens, out, write_prefix: bool) -> None:

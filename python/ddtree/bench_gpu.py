@@ -119,13 +119,13 @@ def bench_one(bs, budget, depth, vocab, replays, seed) -> dict:
     roots = torch.randint(0, vocab, (bs,), device=dev)
     prefix = torch.randint(0, 4000, (bs,), device=dev)
     stepper = Stepper(max_batch=bs, budget=budget, depth=depth, vocab=vocab, device=dev)
-    tree = stepper.step(x, roots, prefix)
-    scratch = {n: t[: bs * depth] for n, t in stepper._scratch.items()}
+    stepper.step(x, roots, prefix)
     k = min(budget, vocab)
+    plan = stepper._plan(bs, depth, k).launch
     row = {"bs": bs, "B": budget}
     for name, bits in STAGES:
         row[name] = graph_time_us(
-            lambda bits=bits: _cuda.build_into(tree, x, roots, prefix, budget, k, scratch, bits),
+            lambda bits=bits: _cuda.launch_build(plan, x, roots, prefix, budget, k, bits),
             replays,
         )
     row["host_step"] = host_step_us(stepper, x, roots, prefix, 200)

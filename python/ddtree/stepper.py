@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from . import _api, _buffers, _cpu, _cuda, _validate
 from ._types import Acceptance, Tree
+
+
+class _Plan(NamedTuple):
+    tree: Tree
+    launch: object  # _cuda.LaunchPlan on CUDA
 
 
 class Stepper:
@@ -36,7 +43,7 @@ class Stepper:
         self._acc_bufs = _buffers.FlatBuffers(largest_acc, self.device)
         rows = self.max_batch * self.depth
         self._scratch = _cuda.new_scratch(rows, self.device) if self.device.type == "cuda" else {}
-        self._views: dict[tuple, Tree] = {}
+        self._views: dict[tuple, _Plan] = {}
         self._tree: Tree | None = None
         self._acc: Acceptance | None = None
 
@@ -58,27 +65,30 @@ class Stepper:
             raise ValueError(f"draft_logits: batch size {bs} exceeds max_batch={self.max_batch}")
         if vocab > self.vocab:
             raise ValueError(f"draft_logits: vocabulary {vocab} exceeds vocab={self.vocab}")
-        x, roots, prefix, _, _ = _api.check_build(
-            x, root_tokens, prefix_lens, self.budget, self.topk, max_depth=self.depth
-        )
+        roots = _validate.index_vector("root_tokens", root_tokens, bs, self.device)
+        prefix = _validate.index_vector("prefix_lens", prefix_lens, bs, self.device)
+        _validate.in_vocab("root_tokens", roots, vocab)  # CPU only: on CUDA, a status code
+        _validate.non_negative("prefix_lens", prefix)
         k = _api.k_of(self.budget, vocab, self.topk)
-        tree = self._tree_views(bs, depth, k)
+        plan = self._plan(bs, depth, k)
         if self.device.type == "cuda":
-            scratch = {name: t[: bs * depth] for name, t in self._scratch.items()}
-            _cuda.build_into(tree, x, roots, prefix, self.budget, k, scratch)
+            _cuda.launch_build(plan.launch, x, roots, prefix, self.budget, k)
         else:
-            _cpu.build_into(tree, x, roots, prefix, self.budget, self.topk)
-        self._tree = tree
-        return tree
+            _cpu.build_into(plan.tree, x, roots, prefix, self.budget, self.topk)
+        self._tree = plan.tree
+        return plan.tree
 
-    def _tree_views(self, bs: int, depth: int, k: int) -> Tree:
-        """Views of the static buffers for one shape, made once and reused."""
+    def _plan(self, bs: int, depth: int, k: int) -> _Plan:
+        """Views of the static buffers (and their pointers) for one shape, made once."""
         key = (bs, depth, k)
-        tree = self._views.get(key)
-        if tree is None:
+        plan = self._views.get(key)
+        if plan is None:
             shapes = _buffers.tree_shapes(bs, depth, k, self.budget)
-            tree = self._views[key] = Tree(**self._tree_bufs.view(shapes))
-        return tree
+            tree = Tree(**self._tree_bufs.view(shapes))
+            scratch = {name: t[: bs * depth] for name, t in self._scratch.items()}
+            launch = _cuda.LaunchPlan.of(tree, scratch) if self.device.type == "cuda" else None
+            plan = self._views[key] = _Plan(tree, launch)
+        return plan
 
     def accept(self, target_logits, temperature=None, top_k=None, top_p=None, generator=None):
         """SPEC stage 4 for the tree of the last ``step``; returns views of static buffers."""

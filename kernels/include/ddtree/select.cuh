@@ -27,7 +27,11 @@ struct Path {
 __device__ __forceinline__ void path_add(Path& p, int depth_index, int amount) {
   const int word = depth_index / kFieldsPerWord;
   const int shift = (kFieldsPerWord - 1 - depth_index % kFieldsPerWord) * kFieldBits;
-  p.w[word] += static_cast<uint64_t>(amount) << shift;
+  // Static indices only, so the path stays in registers (a dynamic one spills it to local
+  // memory, which costs more than the rest of a pop).
+#pragma unroll
+  for (int i = 0; i < kPathWords; ++i)
+    if (i == word) p.w[i] += static_cast<uint64_t>(amount) << shift;
 }
 
 // Canonical "a before b": higher score key, then lexicographically smaller path.
