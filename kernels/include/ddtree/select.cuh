@@ -120,12 +120,24 @@ __device__ Best lane_best(const SelectSmem& s, int used, int n) {
   return best;
 }
 
+// The warp's best slot: the largest key by two 32-bit warp reductions (high word, then the
+// low word among the lanes holding the top high word), then, only when whole keys tie, the
+// lexicographically smallest path among the tied lanes. Live keys are never 0.
 __device__ __forceinline__ Best warp_best(const SelectSmem& s, int n, Best b) {
-  for (int o = 16; o > 0; o >>= 1) {
-    const Best other{__shfl_xor_sync(0xffffffffu, b.key, o), __shfl_xor_sync(0xffffffffu, b.slot, o)};
-    if (better(s, n, other, b)) b = other;
+  constexpr unsigned kAll = 0xffffffffu;
+  const unsigned hi = b.slot >= 0 ? static_cast<unsigned>(b.key >> 32) : 0u;
+  const unsigned top_hi = __reduce_max_sync(kAll, hi);
+  if (top_hi == 0) return Best{0, -1};
+  const bool high = b.slot >= 0 && hi == top_hi;
+  const unsigned top_lo = __reduce_max_sync(kAll, high ? static_cast<unsigned>(b.key) : 0u);
+  const unsigned tied = __ballot_sync(kAll, high && static_cast<unsigned>(b.key) == top_lo);
+  int slot = __shfl_sync(kAll, b.slot, __ffs(tied) - 1);
+  for (unsigned rest = tied & (tied - 1); rest != 0; rest &= rest - 1) {
+    const int other = __shfl_sync(kAll, b.slot, __ffs(rest) - 1);
+    const uint64_t key = (static_cast<uint64_t>(top_hi) << 32) | top_lo;
+    if (before(key, slot_path(s, other, n), key, slot_path(s, slot, n))) slot = other;
   }
-  return b;
+  return Best{(static_cast<uint64_t>(top_hi) << 32) | top_lo, slot};
 }
 
 __device__ __forceinline__ void put(SelectSmem& s, int n, int slot, double score, const Path& p,
@@ -219,7 +231,19 @@ __device__ int select_request(const float* __restrict__ lp_global, const long lo
     const int new_slot = used;
     used += has_child ? 1 : 0;
     __syncwarp();
-    if (lane == slot % kWarp || (has_child && lane == new_slot % kWarp)) mine = lane_best(s, used, n);
+    // The popped slot's lane looks again, with the whole warp: lane t reads the owner's
+    // t-th slot, then one warp reduction (a serial rescan costs a pop its most).
+    const int owner = slot % kWarp;
+    const int mine_slot = owner + kWarp * lane;
+    Best column{0, -1};
+    if (mine_slot < used && s.f_key[mine_slot] != 0) column = Best{s.f_key[mine_slot], mine_slot};
+    const Best owner_best = warp_best(s, n, column);
+    if (lane == owner) mine = owner_best;
+    // The new child's lane only compares it with what it holds.
+    if (has_child && lane == new_slot % kWarp) {
+      const Best child{s.f_key[new_slot], new_slot};
+      if (better(s, n, child, mine)) mine = child;
+    }
     __syncwarp();
   }
   __syncwarp();
