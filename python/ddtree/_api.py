@@ -30,8 +30,8 @@ def k_of(budget: int, vocab: int, topk: int | None) -> int:
     return min(budget, vocab, topk if topk is not None else budget)
 
 
-def check_build(draft_logits, root_tokens, prefix_lens, budget, topk, *, max_depth=None):
-    x = _validate.logits("draft_logits", draft_logits, max_depth=max_depth or _validate.MAX_DEPTH)
+def check_build(draft_logits, root_tokens, prefix_lens, budget, topk):
+    x = _validate.logits("draft_logits", draft_logits, max_depth=_validate.MAX_DEPTH)
     bs, _, vocab = x.shape
     roots = _validate.index_vector("root_tokens", root_tokens, bs, x.device)
     prefix = _validate.index_vector("prefix_lens", prefix_lens, bs, x.device)

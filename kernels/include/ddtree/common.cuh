@@ -46,37 +46,30 @@ __device__ __forceinline__ double warp_sum(double v) {
 
 __device__ __forceinline__ int warp_or(int v) { return __any_sync(0xffffffffu, v) ? 1 : 0; }
 
-// Block-wide reductions for blockDim.x a multiple of 32 (<= 1024). `scratch` holds 32 slots.
-__device__ __forceinline__ float block_max(float v, float* scratch) {
-  v = warp_max(v);
+// Block-wide reduction for blockDim.x a multiple of 32 (<= 1024): reduce each warp, the
+// warps' results through `scratch` (32 slots), then once more. `identity` pads the slots of
+// absent warps.
+template <typename T, typename WarpOp>
+__device__ __forceinline__ T block_reduce(T v, T* scratch, T identity, WarpOp warp_op) {
+  v = warp_op(v);
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   __syncthreads();
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
   const int warps = blockDim.x / kWarp;
-  v = lane < warps ? scratch[lane] : -INFINITY;
-  return warp_max(v);
+  return warp_op(lane < warps ? scratch[lane] : identity);
+}
+
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+  return block_reduce(v, scratch, -INFINITY, warp_max);
 }
 
 __device__ __forceinline__ double block_sum(double v, double* scratch) {
-  v = warp_sum(v);
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  const int warps = blockDim.x / kWarp;
-  v = lane < warps ? scratch[lane] : 0.0;
-  return warp_sum(v);
+  return block_reduce(v, scratch, 0.0, warp_sum);
 }
 
 __device__ __forceinline__ int block_any(int v, int* scratch) {
-  v = warp_or(v);
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  const int warps = blockDim.x / kWarp;
-  return warp_or(lane < warps ? scratch[lane] : 0);
+  return block_reduce(v, scratch, 0, warp_or);
 }
 
 // Inclusive prefix sum over the block (thread order); `scratch` holds 32 ints.
