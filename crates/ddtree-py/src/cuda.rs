@@ -34,6 +34,7 @@ fn logits_of(t: &TensorArg) -> PyResult<Logits> {
 #[pyo3(signature = (device, stream, draft_logits, root_tokens, prefix_lens, budget, k, out, scratch, stages=ddtree_cuda::ALL_STAGES))]
 #[allow(clippy::too_many_arguments)]
 pub fn cuda_build_tree(
+    py: Python<'_>,
     device: usize,
     stream: usize,
     draft_logits: TensorArg,
@@ -65,7 +66,8 @@ pub fn cuda_build_tree(
         bad: scratch.bad as u64,
     };
     // SAFETY: the Python layer passes live CUDA tensors of the checked shapes (tensor.rs).
-    unsafe {
+    // The launches are asynchronous; the GIL is released around them all the same.
+    py.detach(|| unsafe {
         ddtree_cuda::build_tree(
             device,
             stream as u64,
@@ -78,7 +80,7 @@ pub fn cuda_build_tree(
             scratch,
             stages,
         )
-    }
+    })
     .map_err(errors::cuda_to_py)
 }
 
@@ -87,6 +89,7 @@ pub fn cuda_build_tree(
 #[pyo3(signature = (device, stream, ancestor_bits, seq_lens, bs, q, write_prefix, out, out_len))]
 #[allow(clippy::too_many_arguments)]
 pub fn cuda_full_mask(
+    py: Python<'_>,
     device: usize,
     stream: usize,
     ancestor_bits: usize,
@@ -98,7 +101,7 @@ pub fn cuda_full_mask(
     out_len: usize,
 ) -> PyResult<()> {
     // SAFETY: live CUDA tensors of the checked shapes (tensor.rs).
-    unsafe {
+    py.detach(|| unsafe {
         ddtree_cuda::full_mask(
             device,
             stream as u64,
@@ -110,7 +113,7 @@ pub fn cuda_full_mask(
             out as u64,
             out_len,
         )
-    }
+    })
     .map_err(errors::cuda_to_py)
 }
 
