@@ -206,7 +206,11 @@ def test_bad_requests_get_a_status_not_an_exception():
     roots[1] = 5000  # outside the vocabulary
     prefix[2] = -4
     tree = ddtree.build_tree(x, roots, prefix, budget=20)
-    assert tree.status.tolist() == [0, 2, 3]
+    assert tree.status.tolist() == [
+        ddtree.STATUS_OK,
+        ddtree.STATUS_ROOT_OUT_OF_VOCAB,
+        ddtree.STATUS_NEGATIVE_PREFIX,
+    ]
     assert tree.num_nodes.tolist() == [20, 0, 0]
 
 
