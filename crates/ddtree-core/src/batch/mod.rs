@@ -1,0 +1,67 @@
+//! A whole batch through SPEC stages 1–4 on the CPU, parallel over rows and requests (rayon):
+//! `build` (stages 1–3), `accept` (stage 4) and `mask` (SGLang's FULL mask).
+
+mod accept;
+mod build;
+mod mask;
+
+pub use accept::{accept_tree, AcceptBuffers, BatchLinks, Posterior};
+pub use build::{build_from_candidates, build_tree, TreeBuffers};
+pub use mask::full_masks;
+
+use crate::emit::mask_words;
+use crate::error::{ensure, Result};
+use crate::select::MAX_DEPTH;
+
+/// `status` value of a request whose tree was built.
+pub const STATUS_OK: i32 = 0;
+/// `status` value of a request whose draft logits hold NaN or `+inf` (SPEC stage 1).
+pub const STATUS_NON_FINITE: i32 = 1;
+/// Largest node budget: ranks and node indices are kept in 16 bits.
+pub const MAX_BUDGET: usize = 65534;
+
+/// The shapes of one build: `bs` requests, depth limit `L`, vocabulary `V`, budget `B`, `K`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    pub bs: usize,
+    pub depth: usize,
+    pub vocab: usize,
+    pub budget: usize,
+    pub k: usize,
+}
+
+impl Shape {
+    /// `K = min(B, V, topk)`, with every argument checked.
+    pub fn new([bs, depth, vocab]: [usize; 3], budget: usize, topk: Option<usize>) -> Result<Self> {
+        ensure(bs >= 1, "draft_logits", || "batch size must be ≥ 1".into())?;
+        ensure((1..=MAX_DEPTH).contains(&depth), "draft_logits", || {
+            format!("depth L = {depth} must be in 1..={MAX_DEPTH}")
+        })?;
+        ensure(vocab >= 1, "draft_logits", || {
+            "vocabulary must be ≥ 1".into()
+        })?;
+        ensure((1..=MAX_BUDGET).contains(&budget), "budget", || {
+            format!("must be in 1..={MAX_BUDGET}, got {budget}")
+        })?;
+        ensure(topk.is_none_or(|t| t >= 1), "topk", || {
+            format!("must be ≥ 1, got {}", topk.unwrap_or(0))
+        })?;
+        let k = budget.min(vocab).min(topk.unwrap_or(usize::MAX));
+        Ok(Self {
+            bs,
+            depth,
+            vocab,
+            budget,
+            k,
+        })
+    }
+
+    /// Verify width `Q = B + 1`.
+    pub fn q(&self) -> usize {
+        self.budget + 1
+    }
+
+    pub fn words(&self) -> usize {
+        mask_words(self.q())
+    }
+}
