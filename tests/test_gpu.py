@@ -225,3 +225,13 @@ def test_huge_ties_take_the_fallback_paths(kind, dtype):
         cpu = ddtree.build_tree(x, roots, prefix, budget=budget, topk=topk)
         gpu = ddtree.build_tree(x.to(DEV), roots.to(DEV), prefix.to(DEV), budget=budget, topk=topk)
         compare(cpu, gpu, x, roots, prefix, budget)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_largest_vocabulary(dtype):
+    """V = 262144 (the issue's upper bound), the largest budget, a strided view."""
+    rng = np.random.default_rng(262144)
+    x, roots, prefix = make_inputs(rng, "peaked", (2, 3, 262144), dtype, True, False)
+    cpu = ddtree.build_tree(x, roots, prefix, budget=1023)
+    gpu = ddtree.build_tree(x.to(DEV), roots.to(DEV), prefix.to(DEV), budget=1023)
+    compare(cpu, gpu, x, roots, prefix, 1023)

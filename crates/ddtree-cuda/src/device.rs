@@ -14,25 +14,32 @@ use std::ffi::{c_void, CString};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// Makes `ctx` current for the guard's lifetime, then restores the caller's context.
+/// Usually PyTorch has made the same primary context current already: then nothing changes.
 pub struct ContextGuard {
-    previous: Option<sys::CUcontext>,
+    restore: Option<sys::CUcontext>,
 }
 
 impl ContextGuard {
     pub fn enter(ctx: sys::CUcontext) -> Result<Self, CudaError> {
         let previous =
             result::ctx::get_current().map_err(|e| CudaError::driver("cuCtxGetCurrent", e))?;
+        if previous == Some(ctx) {
+            return Ok(Self { restore: None });
+        }
         unsafe { result::ctx::set_current(ctx) }
             .map_err(|e| CudaError::driver("cuCtxSetCurrent", e))?;
-        Ok(Self { previous })
+        Ok(Self {
+            restore: Some(previous.unwrap_or(std::ptr::null_mut())),
+        })
     }
 }
 
 impl Drop for ContextGuard {
     fn drop(&mut self) {
-        let previous = self.previous.unwrap_or(std::ptr::null_mut());
-        // Nothing sensible to do if restoring fails; the next driver call reports it.
-        let _ = unsafe { result::ctx::set_current(previous) };
+        if let Some(previous) = self.restore {
+            // Nothing sensible to do if restoring fails; the next driver call reports it.
+            let _ = unsafe { result::ctx::set_current(previous) };
+        }
     }
 }
 
@@ -84,7 +91,9 @@ impl Device {
             .map_err(|e| CudaError::driver("cuDevicePrimaryCtxRetain", e))?;
         // We allocate nothing through cudarc, but keep it from recording events if we ever do.
         unsafe { ctx.disable_event_tracking() };
-        let _restore = ContextGuard { previous: caller };
+        let _restore = ContextGuard {
+            restore: Some(caller.unwrap_or(std::ptr::null_mut())),
+        };
         let (major, minor) = ctx
             .compute_capability()
             .map_err(|e| CudaError::driver("cuDeviceGetAttribute", e))?;
