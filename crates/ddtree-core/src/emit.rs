@@ -19,6 +19,49 @@ pub struct VerifyInputs<'a> {
     pub scores: &'a mut [f64],
 }
 
+impl<'a> VerifyInputs<'a> {
+    /// The lengths of the slices against those `n` trees of width `q` need (name, got, want).
+    pub fn lens(&self, n: usize, q: usize) -> [(&'static str, usize, usize); 8] {
+        let w = mask_words(q);
+        [
+            ("verify_ids", self.verify_ids.len(), n * q),
+            ("positions", self.positions.len(), n * q),
+            ("depths", self.depths.len(), n * q),
+            ("parents", self.parents.len(), n * q),
+            ("first_child", self.first_child.len(), n * q),
+            ("next_sibling", self.next_sibling.len(), n * q),
+            ("ancestor_bits", self.ancestor_bits.len(), n * q * w),
+            ("scores", self.scores.len(), n * q),
+        ]
+    }
+
+    /// Splits the slices of consecutive trees of width `q` into one `VerifyInputs` per tree.
+    pub fn split(self, q: usize) -> Vec<VerifyInputs<'a>> {
+        let w = mask_words(q);
+        let mut verify_ids = self.verify_ids.chunks_mut(q);
+        let mut positions = self.positions.chunks_mut(q);
+        let mut depths = self.depths.chunks_mut(q);
+        let mut parents = self.parents.chunks_mut(q);
+        let mut first_child = self.first_child.chunks_mut(q);
+        let mut next_sibling = self.next_sibling.chunks_mut(q);
+        let mut bits = self.ancestor_bits.chunks_mut(q * w);
+        let mut scores = self.scores.chunks_mut(q);
+        std::iter::from_fn(|| {
+            Some(VerifyInputs {
+                verify_ids: verify_ids.next()?,
+                positions: positions.next()?,
+                depths: depths.next()?,
+                parents: parents.next()?,
+                first_child: first_child.next()?,
+                next_sibling: next_sibling.next()?,
+                ancestor_bits: bits.next()?,
+                scores: scores.next()?,
+            })
+        })
+        .collect()
+    }
+}
+
 /// What one request's tree is made of.
 pub struct RequestTree<'a> {
     pub nodes: &'a [Node],

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 use ddtree_core::batch::{build_tree, TreeBuffers};
+use ddtree_core::emit::VerifyInputs;
 use ddtree_core::logits::Logits3;
 
 /// xorshift64*: deterministic, dependency-free.
@@ -96,14 +97,16 @@ pub fn build(
     let prefix: Vec<i64> = (0..bs as i64).map(|b| 100 * b).collect();
     let view = Logits3::new("x", logits, shape, [depth * vocab, vocab, 1]).unwrap();
     let bufs = TreeBuffers {
-        verify_ids: &mut t.verify_ids,
-        positions: &mut t.positions,
-        depths: &mut t.depths,
-        parents: &mut t.parents,
-        first_child: &mut t.first_child,
-        next_sibling: &mut t.next_sibling,
-        ancestor_bits: &mut t.ancestor_bits,
-        scores: &mut t.scores,
+        verify: VerifyInputs {
+            verify_ids: &mut t.verify_ids,
+            positions: &mut t.positions,
+            depths: &mut t.depths,
+            parents: &mut t.parents,
+            first_child: &mut t.first_child,
+            next_sibling: &mut t.next_sibling,
+            ancestor_bits: &mut t.ancestor_bits,
+            scores: &mut t.scores,
+        },
         num_nodes: &mut t.num_nodes,
         topk_logprobs: &mut t.topk_logprobs,
         topk_ids: &mut t.topk_ids,

@@ -8,6 +8,7 @@ mod errors;
 mod tensor;
 
 use ddtree_core::batch::{self, AcceptBuffers, BatchLinks, Posterior, TreeBuffers};
+use ddtree_core::emit::VerifyInputs;
 use ddtree_core::logits::{Element, Logits3};
 use ddtree_core::sample::SamplingParams;
 use half::{bf16, f16};
@@ -38,14 +39,16 @@ impl TreeOut {
     unsafe fn buffers(&self, s: &batch::Shape) -> TreeBuffers<'static> {
         let (bs, q, lk) = (s.bs, s.q(), s.depth * s.k);
         TreeBuffers {
-            verify_ids: slice_mut(self.verify_ids, bs * q),
-            positions: slice_mut(self.positions, bs * q),
-            depths: slice_mut(self.depths, bs * q),
-            parents: slice_mut(self.parents, bs * q),
-            first_child: slice_mut(self.first_child, bs * q),
-            next_sibling: slice_mut(self.next_sibling, bs * q),
-            ancestor_bits: slice_mut(self.ancestor_bits, bs * q * s.words()),
-            scores: slice_mut(self.scores, bs * q),
+            verify: VerifyInputs {
+                verify_ids: slice_mut(self.verify_ids, bs * q),
+                positions: slice_mut(self.positions, bs * q),
+                depths: slice_mut(self.depths, bs * q),
+                parents: slice_mut(self.parents, bs * q),
+                first_child: slice_mut(self.first_child, bs * q),
+                next_sibling: slice_mut(self.next_sibling, bs * q),
+                ancestor_bits: slice_mut(self.ancestor_bits, bs * q * s.words()),
+                scores: slice_mut(self.scores, bs * q),
+            },
             num_nodes: slice_mut(self.num_nodes, bs),
             topk_logprobs: slice_mut(self.topk_logprobs, bs * lk),
             topk_ids: slice_mut(self.topk_ids, bs * lk),

@@ -12,14 +12,8 @@ use rayon::prelude::*;
 
 /// Every `Tree` output of a batch, row-major and contiguous.
 pub struct TreeBuffers<'a> {
-    pub verify_ids: &'a mut [i64],
-    pub positions: &'a mut [i64],
-    pub depths: &'a mut [i64],
-    pub parents: &'a mut [i64],
-    pub first_child: &'a mut [i64],
-    pub next_sibling: &'a mut [i64],
-    pub ancestor_bits: &'a mut [i32],
-    pub scores: &'a mut [f64],
+    /// SPEC stage 3's outputs, `[bs, Q]` (ancestor bits `[bs, Q, W]`).
+    pub verify: VerifyInputs<'a>,
     pub num_nodes: &'a mut [i64],
     pub topk_logprobs: &'a mut [f32],
     pub topk_ids: &'a mut [i64],
@@ -28,26 +22,14 @@ pub struct TreeBuffers<'a> {
 
 impl TreeBuffers<'_> {
     fn check(&self, s: &Shape) -> Result<()> {
-        let (q, lk) = (s.q(), s.depth * s.k);
-        let lens = [
-            ("verify_ids", self.verify_ids.len(), s.bs * q),
-            ("positions", self.positions.len(), s.bs * q),
-            ("depths", self.depths.len(), s.bs * q),
-            ("parents", self.parents.len(), s.bs * q),
-            ("first_child", self.first_child.len(), s.bs * q),
-            ("next_sibling", self.next_sibling.len(), s.bs * q),
-            (
-                "ancestor_bits",
-                self.ancestor_bits.len(),
-                s.bs * q * s.words(),
-            ),
-            ("scores", self.scores.len(), s.bs * q),
+        let lk = s.depth * s.k;
+        let rest = [
             ("num_nodes", self.num_nodes.len(), s.bs),
             ("topk_logprobs", self.topk_logprobs.len(), s.bs * lk),
             ("topk_ids", self.topk_ids.len(), s.bs * lk),
             ("status", self.status.len(), s.bs),
         ];
-        for (name, got, want) in lens {
+        for (name, got, want) in self.verify.lens(s.bs, s.q()).into_iter().chain(rest) {
             ensure(got == want, "out", || {
                 format!("{name} holds {got} elements, the shape needs {want}")
             })?;
@@ -175,36 +157,24 @@ struct RequestOut<'a> {
 }
 
 fn split_requests<'a>(out: TreeBuffers<'a>, s: &Shape) -> Vec<RequestOut<'a>> {
-    let (q, w, lk) = (s.q(), s.words(), s.depth * s.k);
-    let mut verify_ids = out.verify_ids.chunks_mut(q);
-    let mut positions = out.positions.chunks_mut(q);
-    let mut depths = out.depths.chunks_mut(q);
-    let mut parents = out.parents.chunks_mut(q);
-    let mut first_child = out.first_child.chunks_mut(q);
-    let mut next_sibling = out.next_sibling.chunks_mut(q);
-    let mut bits = out.ancestor_bits.chunks_mut(q * w);
-    let mut scores = out.scores.chunks_mut(q);
-    let mut lps = out.topk_logprobs.chunks_mut(lk);
-    let mut tis = out.topk_ids.chunks_mut(lk);
-    let mut nums = out.num_nodes.iter_mut();
-    let mut statuses = out.status.iter_mut();
-    (0..s.bs)
-        .map(|_| RequestOut {
-            verify: VerifyInputs {
-                verify_ids: verify_ids.next().unwrap(),
-                positions: positions.next().unwrap(),
-                depths: depths.next().unwrap(),
-                parents: parents.next().unwrap(),
-                first_child: first_child.next().unwrap(),
-                next_sibling: next_sibling.next().unwrap(),
-                ancestor_bits: bits.next().unwrap(),
-                scores: scores.next().unwrap(),
+    let lk = s.depth * s.k;
+    let per_request = out
+        .verify
+        .split(s.q())
+        .into_iter()
+        .zip(out.topk_logprobs.chunks_mut(lk))
+        .zip(out.topk_ids.chunks_mut(lk))
+        .zip(out.num_nodes.iter_mut().zip(out.status.iter_mut()));
+    per_request
+        .map(
+            |(((verify, topk_logprobs), topk_ids), (num_nodes, status))| RequestOut {
+                verify,
+                num_nodes,
+                status,
+                topk_logprobs,
+                topk_ids,
             },
-            num_nodes: nums.next().unwrap(),
-            status: statuses.next().unwrap(),
-            topk_logprobs: lps.next().unwrap(),
-            topk_ids: tis.next().unwrap(),
-        })
+        )
         .collect()
 }
 
