@@ -16,14 +16,10 @@ def device_index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
-def stream_of(device: torch.device) -> int:
-    """The raw handle of PyTorch's current stream (the capture stream inside a graph)."""
-    return raw_stream(device_index(device))
-
-
 def raw_stream(index: int) -> int:
-    """PyTorch's current stream of device ``index`` as a raw handle; the private binding is
-    a few times cheaper than ``torch.cuda.current_stream`` on the per-step path."""
+    """PyTorch's current stream of device ``index`` (the capture stream inside a graph) as a
+    raw handle; the private binding is a few times cheaper than ``torch.cuda.current_stream``
+    on the per-step path."""
     get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     return get(index) if get is not None else torch.cuda.current_stream(index).cuda_stream
 
@@ -81,10 +77,10 @@ def build_into(tree: Tree, draft_logits, root_tokens, prefix_lens, budget, k, sc
 
 def full_mask(ancestor_bits, seq_lens, out, write_prefix: bool) -> None:
     bs, q, _ = ancestor_bits.shape
-    device = ancestor_bits.device
+    index = device_index(ancestor_bits.device)
     _core.cuda_full_mask(
-        device_index(device),
-        stream_of(device),
+        index,
+        raw_stream(index),
         ancestor_bits.data_ptr(),
         seq_lens.data_ptr(),
         bs,

@@ -43,7 +43,7 @@ class Stepper:
         self._acc_bufs = _buffers.FlatBuffers(largest_acc, self.device)
         rows = self.max_batch * self.depth
         self._scratch = _cuda.new_scratch(rows, self.device) if self.device.type == "cuda" else {}
-        self._views: dict[tuple, _Plan] = {}
+        self._plans: dict[tuple, _Plan] = {}
         self._tree: Tree | None = None
         self._acc: Acceptance | None = None
 
@@ -81,13 +81,13 @@ class Stepper:
     def _plan(self, bs: int, depth: int, k: int) -> _Plan:
         """Views of the static buffers (and their pointers) for one shape, made once."""
         key = (bs, depth, k)
-        plan = self._views.get(key)
+        plan = self._plans.get(key)
         if plan is None:
             shapes = _buffers.tree_shapes(bs, depth, k, self.budget)
             tree = Tree(**self._tree_bufs.view(shapes))
             scratch = {name: t[: bs * depth] for name, t in self._scratch.items()}
             launch = _cuda.LaunchPlan.of(tree, scratch) if self.device.type == "cuda" else None
-            plan = self._views[key] = _Plan(tree, launch)
+            plan = self._plans[key] = _Plan(tree, launch)
         return plan
 
     def accept(self, target_logits, temperature=None, top_k=None, top_p=None, generator=None):
@@ -122,7 +122,7 @@ class Stepper:
         """Releases the static buffers; the Stepper cannot be used afterwards."""
         self._tree_bufs = self._acc_bufs = None
         self._tree = self._acc = None
-        self._views.clear()
+        self._plans.clear()
         self._scratch = {}
 
     def _check_open(self) -> None:

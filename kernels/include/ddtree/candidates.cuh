@@ -1,13 +1,14 @@
 // SPEC stage 1 — candidates per depth: per (request, depth) row, the top-K tokens in
 // (value desc, id asc) order and the fp32 logsumexp, straight from bf16/fp16/fp32 logits.
 //
-// One block per row. Radix select on the order-preserving fp32 key, 12-bit digits:
-//   pass 1: NaN/+inf check, row max, histogram of the top digit;
-//   pass 2..: histogram of the next digit among the rows still tied with the threshold
-//             prefix (the first of these passes also sums exp(x - max));
-//   final:  collect every token above the threshold, plus the tied ones: all of them when
-//           they are exactly the ones needed, else the lowest ids (an id-ordered block scan).
-// The K collected (key, id) pairs are sorted by a bitonic network in shared memory.
+// One block per row, two reads of the row:
+//   pass 1: NaN/+inf check, the row max, and each thread's own max;
+//   pass 2: sum of exp(x - max), and every token at or above the K-th largest thread max
+//           (a lower bound of the row's K-th largest) into shared memory, where a radix
+//           select on (key, id) keeps the top K.
+// When too many tokens tie for shared memory, radix_select_row takes over: 12-bit digit
+// histograms over the whole row, then the tied tokens by id (an id-ordered block scan).
+// The K (key, id) pairs are sorted by a bitonic network in shared memory.
 #pragma once
 #include "common.cuh"
 
@@ -393,7 +394,6 @@ __device__ void candidates_row(const T* __restrict__ row, long long stride, int 
   });
   __syncthreads();
   const int kept = s.tie_count;
-  bool summed = true;
   if (kept <= kTieCap) {
     take_top_ties(s, kept, K, 0);
   } else {
@@ -404,7 +404,6 @@ __device__ void candidates_row(const T* __restrict__ row, long long stride, int 
   // Normaliser: Z = fp32(m + log(sum exp(x - m))), the sum combined in float64.
   const double sum = block_sum(lse.total(), s.dscratch);
   const float z = (m == -INFINITY) ? -INFINITY : static_cast<float>(static_cast<double>(m) + log(sum));
-  (void)summed;
   write_candidates(row, stride, K, z, lp, ti, eligible, bad, s);
 }
 
