@@ -1,16 +1,23 @@
-// Entry point of SPEC stage 2 (see include/ddtree/select.cuh): one warp per request.
+// Entry point of SPEC stage 2: one block of kSelectThreads per request runs the parallel
+// threshold selection (include/ddtree/select_parallel.cuh); when ties defeat it, or when
+// asked (`best_first`, for benchmarks and tests), warp 0 runs the best-first frontier
+// (include/ddtree/select.cuh) on the same shared memory. Both give SPEC's order exactly.
 // Also decides each request's status: 1 = NaN/+inf in its draft logits, 2 = root token
 // outside the vocabulary, 3 = negative prefix length; a rejected request gets the root only.
-#include "ddtree/select.cuh"
+#include "ddtree/select_parallel.cuh"
 
-extern "C" __global__ void __launch_bounds__(32)
+extern "C" __global__ void __launch_bounds__(ddtree::kSelectThreads, 1)
     ddtree_select(float* __restrict__ lp, long long* __restrict__ ti,
                   const int* __restrict__ eligible, const int* __restrict__ bad,
                   const long long* __restrict__ roots, const long long* __restrict__ prefix,
-                  int L, int K, int V, int budget, int cache_lp, long long* verify_ids,
-                  long long* depths, long long* parents, long long* first_child,
-                  long long* next_sibling, double* scores, long long* num_nodes, int* status) {
+                  int L, int K, int V, int budget, int cache_lp, int best_first,
+                  long long* verify_ids, long long* depths, long long* parents,
+                  long long* first_child, long long* next_sibling, double* scores,
+                  long long* num_nodes, int* status, long long* stats) {
   extern __shared__ __align__(16) char smem[];
+  __shared__ int s_eligible[ddtree::kMaxSelectDepth];
+  __shared__ ddtree::BlockScratch bs;
+  bs.reset_stats();
   const int b = blockIdx.x;
   const int q = budget + 1;
   int code = 0;
@@ -18,13 +25,26 @@ extern "C" __global__ void __launch_bounds__(32)
     if (bad[b * L + d]) code = 1;
   if (code == 0 && (roots[b] < 0 || roots[b] >= V)) code = 2;
   if (code == 0 && prefix[b] < 0) code = 3;
+  for (int d = threadIdx.x; d < L; d += blockDim.x) s_eligible[d] = min(eligible[b * L + d], K);
+  __syncthreads();
   const long long row = static_cast<long long>(b) * q;
   const long long cand = static_cast<long long>(b) * L * K;
   ddtree::SelectOut out{verify_ids + row,  depths + row,       parents + row,
                         first_child + row, next_sibling + row, scores + row};
-  ddtree::SelectSmem s = ddtree::SelectSmem::carve(smem, budget, L, K, cache_lp != 0);
-  const int n = ddtree::select_request(lp + cand, ti + cand, eligible + b * L, L, K, budget,
-                                       code != 0, out, s);
+  int n = -1;
+  if (code == 0 && !best_first)
+    n = ddtree::select_parallel(lp + cand, ti + cand, s_eligible, L, K, budget, out,
+                                ddtree::Store::carve(smem), bs);
+  if (n < 0) {
+    __syncthreads();  // the parallel attempt's shared memory is reused
+    if (threadIdx.x == 0) bs.stat[ddtree::kStatPath] = 2;
+    if (threadIdx.x < ddtree::kWarp) {
+      ddtree::SelectSmem s = ddtree::SelectSmem::carve(smem, budget, L, K, cache_lp != 0);
+      n = ddtree::select_request(lp + cand, ti + cand, eligible + b * L, L, K, budget,
+                                 code != 0, out, s);
+    }
+    __syncthreads();
+  }
   if (code != 0) {  // as on the CPU: a rejected request shows no candidates
     for (int i = threadIdx.x; i < L * K; i += blockDim.x) {
       lp[cand + i] = -INFINITY;
@@ -35,4 +55,8 @@ extern "C" __global__ void __launch_bounds__(32)
     num_nodes[b] = n;
     status[b] = code;
   }
+  __syncthreads();
+  if (stats != nullptr)  // diagnostics only (null on every real build)
+    for (int i = threadIdx.x; i < ddtree::kStatSlots; i += blockDim.x)
+      stats[b * ddtree::kStatSlots + i] = bs.stat[i];
 }

@@ -2,7 +2,8 @@
 # The GPU recipe, run on the lent H200 through the device tool (see README "GPU"):
 # installs the wheel built here (carried in wheels/), runs the GPU-marked tests,
 # compute-sanitizer memcheck + racecheck on a small batch, and the GPU benchmark.
-# Logs go to $OUT. STEPS selects parts: "tests sanitize bench" (default: all).
+# Logs go to $OUT. STEPS selects parts: "tests sanitize bench" (default: all);
+# PYTEST_K (a -k expression) and BENCH_ARGS narrow the tests and the benchmark.
 set -u
 OUT=${OUT:-/tmp/ddtree-gpu-out}
 STEPS=${STEPS:-"tests sanitize bench"}
@@ -15,7 +16,7 @@ status=0
 for step in $STEPS; do
     case $step in
     tests)
-        python3 -m pytest tests -m gpu -q -p no:cacheprovider -s >"$OUT/gpu-tests.log" 2>&1 || status=1
+        python3 -m pytest tests -m gpu -q -p no:cacheprovider -s ${PYTEST_K:+-k "$PYTEST_K"} >"$OUT/gpu-tests.log" 2>&1 || status=1
         tail -15 "$OUT/gpu-tests.log" ;;
     sanitize)
         for tool in memcheck racecheck; do

@@ -18,10 +18,15 @@ def main() -> None:
             prefix = torch.randint(0, 50, (bs,), device=dev, generator=g)
             tree = ddtree.build_tree(x, roots, prefix, budget=budget, topk=min(budget, 40))
             tree.sglang_custom_mask(prefix)
-        # All-equal rows: the tie fallbacks (radix select, id-ordered collect).
-        x = torch.zeros(2, 2, 20000, device=dev, dtype=dtype)
+        # K = B: the parallel selection raises its threshold and compacts its store.
+        x = torch.randn(2, 8, 3000, device=dev, generator=g).to(dtype)
         z = torch.zeros(2, dtype=torch.int64, device=dev)
         ddtree.build_tree(x, z, z, budget=255)
+        # All-equal rows: the tie fallbacks (radix select, id-ordered collect), the
+        # selection's tie ranks, and its fall back to the best-first warp.
+        for shape, budget in (((2, 2, 20000), 255), ((2, 15, 2), 1023), ((1, 4, 1000), 1023)):
+            x = torch.zeros(shape, device=dev, dtype=dtype)
+            ddtree.build_tree(x, z[: shape[0]], z[: shape[0]], budget=budget)
     torch.cuda.synchronize()
     print("gpu_small: ok")
 

@@ -12,7 +12,7 @@ from conftest import KINDS, draft_logits
 from test_parity import TREE_FIELDS
 
 import ddtree
-from ddtree import reference
+from ddtree import _buffers, _cuda, reference
 
 pytestmark = [
     pytest.mark.gpu,
@@ -105,6 +105,58 @@ def test_kernels_equal_the_cpu_path_on_random_batches(chunk):
         gpu = ddtree.build_tree(x.to(DEV), roots.to(DEV), prefix.to(DEV), budget=budget, topk=topk)
         z_diffs += compare(cpu, gpu, x, roots, prefix, budget)
     print(f"requests with Z one ulp apart: {z_diffs}")
+
+
+def best_first_tree(x, roots, prefix, budget, topk) -> ddtree.Tree:
+    """The GPU build with the selection forced onto the best-first warp (stage bit 8)."""
+    bs, depth, vocab = x.shape
+    k = min(budget, vocab, topk if topk is not None else budget)
+    tree = _buffers.new_tree(bs, depth, k, budget, x.device)
+    plan = _cuda.LaunchPlan.of(tree, _cuda.new_scratch(bs * depth, x.device))
+    _cuda.launch_build(plan, x, roots, prefix, budget, k, stages=7 | 8)
+    return tree
+
+
+def assert_same_tree(a: ddtree.Tree, b: ddtree.Tree) -> None:
+    for name in a.__dataclass_fields__:
+        x, y = getattr(a, name), getattr(b, name)
+        if x.dtype == torch.float64:
+            x, y = x.view(torch.int64), y.view(torch.int64)
+        assert torch.equal(x, y), name
+
+
+@pytest.mark.parametrize("chunk", range(3))
+def test_parallel_selection_equals_the_best_first_warp(chunk):
+    """The two selection kernels on the same stage-1 results: 3 x 100 random batches."""
+    rng = np.random.default_rng(9000 + chunk)
+    for case in range(100):
+        kind, shape, budget, topk, dtype = random_case(rng, case)
+        x, roots, prefix = make_inputs(rng, kind, shape, dtype, case % 5 == 1, case % 7 == 0)
+        x, roots, prefix = x.to(DEV), roots.to(DEV), prefix.to(DEV)
+        parallel = ddtree.build_tree(x, roots, prefix, budget=budget, topk=topk)
+        assert_same_tree(parallel, best_first_tree(x, roots, prefix, budget, topk))
+
+
+@pytest.mark.parametrize(
+    "shape, budget",
+    [
+        ((2, 3, 64), 1023),  # depth 2 holds 4096 tied paths: no threshold fits the store
+        ((2, 15, 2), 1023),  # 2^d tied paths per depth: the B-th score is tied 1024 ways
+        ((2, 15, 3), 255),
+        ((1, 4, 1000), 1023),
+    ],
+)
+def test_selection_through_ties(shape, budget):
+    """All-equal rows: the parallel path's fallback, its threshold search and its tie ranks,
+    against the CPU path and the best-first warp."""
+    rng = np.random.default_rng(5)
+    for dtype in DTYPES:
+        x, roots, prefix = make_inputs(rng, "all_equal", shape, dtype, False, False)
+        cpu = ddtree.build_tree(x, roots, prefix, budget=budget)
+        gx, groots, gprefix = x.to(DEV), roots.to(DEV), prefix.to(DEV)
+        gpu = ddtree.build_tree(gx, groots, gprefix, budget=budget)
+        compare(cpu, gpu, x, roots, prefix, budget)
+        assert_same_tree(gpu, best_first_tree(gx, groots, gprefix, budget, None))
 
 
 def test_full_mask_equals_the_cpu_path():

@@ -1,7 +1,8 @@
 """``python -m ddtree bench --device cuda``: the GPU build (SPEC stages 1–3) against the
 paths it replaces, measured in one run.
 
-Per (bs, B): GPU time of each stage and of the whole build (CUDA events around replays of a
+Per (bs, B): GPU time of each stage (the selection both ways: the parallel threshold
+search and the best-first warp it replaced) and of the whole build (CUDA events around replays of a
 captured graph, median), host time per ``Stepper.step()`` call, and, in the same run:
 stock ``torch.topk`` + ``torch.logsumexp``; the CPU path SGLang runs today (top-K and
 logsumexp on the GPU, copy to host, a Python heap and visibility mask per request, copy
@@ -23,7 +24,15 @@ import torch
 from . import _cuda, reference
 from .stepper import Stepper
 
-STAGES = (("candidates", 1), ("select", 2), ("emit", 4), ("build", 7))
+# (column, stage bits of launch_build): 8 forces the best-first warp in place of the
+# parallel selection, timed in the same run for the ratio.
+STAGES = (
+    ("candidates", 1),
+    ("select", 2),
+    ("select_best_first", 2 | 8),
+    ("emit", 4),
+    ("build", 7),
+)
 
 
 def peaked_logits(bs, depth, vocab, seed, device) -> torch.Tensor:
@@ -113,6 +122,36 @@ def rust_cpu_us(x_host, roots, prefix, budget: int) -> tuple[float, object]:
     return (time.perf_counter() - t0) * 1e6, tree
 
 
+STAT_NAMES = (
+    "parallel",
+    "prunes",
+    "bisect",
+    "store",
+    "ties",
+    "levels",
+    "count",
+    "prune",
+    "grow",
+    "choose",
+    "order",
+    "write",
+)
+
+
+def selection_stats(plan, x, roots, prefix, budget, k) -> dict:
+    """The selection kernel's own diagnostics (kernels/include/ddtree/select_parallel.cuh,
+    `SelectStat`), averaged over the batch: what it did and thread 0's clock cycles per
+    phase."""
+    bs = x.shape[0]
+    stats = torch.zeros(bs, 16, dtype=torch.int64, device=x.device)
+    diag = plan._replace(scratch=dict(plan.scratch, stats=stats.data_ptr()))
+    _cuda.launch_build(diag, x, roots, prefix, budget, k, 1 | 2)
+    s = stats[:, : len(STAT_NAMES)].double().mean(dim=0).tolist()
+    out = dict(zip(STAT_NAMES, s, strict=True))
+    out["parallel"] = float((stats[:, 0] == 1).double().mean())
+    return out
+
+
 def bench_one(bs, budget, depth, vocab, replays, seed) -> dict:
     dev = torch.device("cuda")
     x = peaked_logits(bs, depth, vocab, seed, dev)
@@ -128,6 +167,7 @@ def bench_one(bs, budget, depth, vocab, replays, seed) -> dict:
             lambda bits=bits: _cuda.launch_build(plan, x, roots, prefix, budget, k, bits),
             replays,
         )
+    row["stats"] = selection_stats(plan, x, roots, prefix, budget, k)
     row["host_step"] = host_step_us(stepper, x, roots, prefix, 200)
     xf = x.float()
     row["torch_topk_lse"] = eager_time_us(
@@ -153,6 +193,8 @@ COLUMNS = (
     ("B", "B", "{:>5}"),
     ("candidates", "cand µs", "{:>8.1f}"),
     ("select", "select µs", "{:>9.1f}"),
+    ("select_best_first", "best-first µs", "{:>13.1f}"),
+    ("x_parallel", "best-first / select", "{:>19.1f}x"),
     ("emit", "emit µs", "{:>8.1f}"),
     ("build", "build µs", "{:>9.1f}"),
     ("host_step", "host/step µs", "{:>12.1f}"),
@@ -174,9 +216,15 @@ def print_table(rows) -> None:
             x_seed=r["seed_cpu"] / r["build"],
             x_rust=r["rust_cpu"] / r["build"],
             x_torch=r["torch_topk_lse"] / r["candidates"],
+            x_parallel=r["select_best_first"] / r["select"],
             match=r["match"] and r["exact"],
         )
         print(" | ".join(fmt.format(r[key]) for key, _, fmt in COLUMNS))
+    print("\n# selection diagnostics (batch means; cycles are thread 0's clock64 per phase)")
+    print("bs | B | " + " | ".join(STAT_NAMES))
+    for r in rows:
+        cells = [f"{r['stats'][n]:.{2 if n == 'parallel' else 0}f}" for n in STAT_NAMES]
+        print(f"{r['bs']} | {r['B']} | " + " | ".join(cells))
 
 
 def main(argv=None) -> int:

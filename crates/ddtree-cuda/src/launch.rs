@@ -15,6 +15,10 @@ pub const MAX_BUDGET: usize = 1023;
 pub const MAX_DEPTH: usize = 20;
 /// Dynamic shared memory a block may ask for on every target (sm_120's opt-in limit).
 pub const MAX_DYNAMIC_SMEM: usize = 99 * 1024;
+/// Threads per block of the selection kernel (`kSelectThreads`).
+pub const SELECT_THREADS: u32 = 512;
+/// Paths the parallel selection enumerates at most (`kStoreCap`).
+pub const SELECT_STORE_CAP: usize = 4096;
 /// Threads per block of the emit and mask kernels.
 pub const EMIT_THREADS: u32 = 256;
 
@@ -63,21 +67,27 @@ impl BuildShape {
         self.budget + 1
     }
 
-    /// Shared memory of the selection kernel and whether the log-probs fit in it.
+    /// Shared memory of the selection kernel (the parallel store and the best-first
+    /// fallback share it) and whether the fallback caches the log-probs in it.
     pub fn select_smem(&self) -> (usize, bool) {
+        let store = store_smem_bytes();
         let with_lp = select_smem_bytes(self.budget, self.depth, self.k, true);
         if with_lp <= MAX_DYNAMIC_SMEM {
-            (with_lp, true)
+            (with_lp.max(store), true)
         } else {
-            (
-                select_smem_bytes(self.budget, self.depth, self.k, false),
-                false,
-            )
+            let without = select_smem_bytes(self.budget, self.depth, self.k, false);
+            (without.max(store), false)
         }
     }
 }
 
-/// Mirror of `SelectSmem::bytes` in `select.cuh`.
+/// Mirror of `Store::bytes` in `select_parallel.cuh`.
+pub fn store_smem_bytes() -> usize {
+    const SORT_CAP: usize = 1024;
+    SELECT_STORE_CAP * (8 + 2 + 2 + 2 + 1 + 1) + (SELECT_STORE_CAP + 1) * 4 + SORT_CAP * (8 + 4)
+}
+
+/// Mirror of `SelectSmem::bytes` in `select.cuh` (the best-first fallback).
 pub fn select_smem_bytes(budget: usize, depth: usize, k: usize, cache_lp: bool) -> usize {
     let n = budget + 1;
     let frontier = n * (8 + 8 + 8 * 4 + 2 + 2 + 2 + 1);
@@ -114,8 +124,10 @@ mod tests {
     fn log_probs_are_cached_when_they_fit() {
         assert_eq!(
             shape(255, 255).select_smem(),
-            (select_smem_bytes(255, 15, 255, true), true)
+            (store_smem_bytes(), true),
+            "the parallel store is the larger part at B = 255"
         );
+        assert!(select_smem_bytes(255, 15, 255, true) < store_smem_bytes());
         let (_, cached) = shape(1023, 1023).select_smem();
         assert!(!cached, "15 x 1023 floats do not fit beside the frontier");
     }

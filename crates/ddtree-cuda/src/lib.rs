@@ -110,12 +110,17 @@ pub struct TreePtrs {
     pub status: u64,
 }
 
-/// Device scratch of a build: per-row eligible counts and NaN/+inf flags (int32 `[bs*L]`).
+/// Device scratch of a build: per-row eligible counts and NaN/+inf flags (int32 `[bs*L]`),
+/// and optionally (0 = none) the selection's diagnostics, int64 `[bs, SELECT_STATS]`.
 #[derive(Debug, Clone, Copy)]
 pub struct Scratch {
     pub eligible: u64,
     pub bad: u64,
+    pub stats: u64,
 }
+
+/// Diagnostic slots per request written when [`Scratch::stats`] is set (`kStatSlots`).
+pub const SELECT_STATS: usize = 16;
 
 /// Kernel parameters: each entry points at one argument value (cuLaunchKernel's format).
 struct Params(Vec<*mut c_void>);
@@ -151,6 +156,9 @@ pub const STAGE_CANDIDATES: u32 = 1;
 pub const STAGE_SELECT: u32 = 2;
 pub const STAGE_EMIT: u32 = 4;
 pub const ALL_STAGES: u32 = 7;
+/// With [`STAGE_SELECT`]: select by the best-first warp instead of the parallel threshold
+/// search (the same tree; for benchmarks and tests).
+pub const SELECT_BEST_FIRST: u32 = 8;
 
 /// SPEC stages 1–3 on device `ordinal`, launched on `stream` (PyTorch's current stream).
 ///
@@ -186,7 +194,10 @@ pub unsafe fn build_tree(
         launch_candidates(&dev, stream, &shape, &logits, &out, &scratch)?;
     }
     if stages & STAGE_SELECT != 0 {
-        launch_select(&dev, stream, &shape, roots, prefix, &out, &scratch)?;
+        let best_first = stages & SELECT_BEST_FIRST != 0;
+        launch_select(
+            &dev, stream, &shape, roots, prefix, &out, &scratch, best_first,
+        )?;
     }
     if stages & STAGE_EMIT != 0 {
         launch_emit(&dev, stream, &shape, roots, prefix, &out)?;
@@ -234,7 +245,8 @@ unsafe fn launch_candidates(
     )
 }
 
-/// Stage 2: one warp per request.
+/// Stage 2: one block per request.
+#[allow(clippy::too_many_arguments)]
 unsafe fn launch_select(
     dev: &Device,
     stream: CUstream,
@@ -243,6 +255,7 @@ unsafe fn launch_select(
     prefix: u64,
     out: &TreePtrs,
     scratch: &Scratch,
+    best_first: bool,
 ) -> Result<(), CudaError> {
     let (smem, cache_lp) = shape.select_smem();
     let (l, k, v, b) = (
@@ -251,7 +264,7 @@ unsafe fn launch_select(
         shape.vocab as i32,
         shape.budget as i32,
     );
-    let cache = cache_lp as i32;
+    let (cache, best_first) = (cache_lp as i32, best_first as i32);
     let mut p = Params::new();
     p.arg(&out.topk_logprobs)
         .arg(&out.topk_ids)
@@ -263,7 +276,8 @@ unsafe fn launch_select(
         .arg(&k)
         .arg(&v)
         .arg(&b)
-        .arg(&cache);
+        .arg(&cache)
+        .arg(&best_first);
     p.arg(&out.verify_ids)
         .arg(&out.depths)
         .arg(&out.parents)
@@ -271,13 +285,14 @@ unsafe fn launch_select(
     p.arg(&out.next_sibling)
         .arg(&out.scores)
         .arg(&out.num_nodes)
-        .arg(&out.status);
+        .arg(&out.status)
+        .arg(&scratch.stats);
     let grid = (shape.bs as u32, 1, 1);
     launch(
         "cuLaunchKernel(select)",
         dev.select,
         grid,
-        32,
+        launch::SELECT_THREADS,
         smem,
         stream,
         &mut p,

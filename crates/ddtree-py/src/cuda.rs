@@ -12,6 +12,9 @@ use pyo3::prelude::*;
 pub struct ScratchArg {
     eligible: usize,
     bad: usize,
+    /// The selection's diagnostics, int64 `[bs, 16]`; absent on real builds.
+    #[pyo3(default)]
+    stats: usize,
 }
 
 fn logits_of(t: &TensorArg) -> PyResult<Logits> {
@@ -64,6 +67,7 @@ pub fn cuda_build_tree(
     let scratch = Scratch {
         eligible: scratch.eligible as u64,
         bad: scratch.bad as u64,
+        stats: scratch.stats as u64,
     };
     // SAFETY: the Python layer passes live CUDA tensors of the checked shapes (tensor.rs).
     // The launches are asynchronous; the GIL is released around them all the same.

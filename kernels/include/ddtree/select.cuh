@@ -1,8 +1,9 @@
 // SPEC stage 2 — selection: the first B rank paths in canonical order (float64 score
 // descending, rank path lexicographically ascending, a proper prefix first).
 //
-// One warp per request runs SPEC.md's best-first frontier (pop the best; push its next
-// sibling and its first child), the frontier spread over the 32 lanes: every pop is a
+// The fallback of select_parallel.cuh, and its benchmark baseline: one warp per request
+// runs SPEC.md's best-first frontier (pop the best; push its next sibling and its first
+// child), the frontier spread over the 32 lanes: every pop is a
 // 32-wide argmax by warp shuffles, so the warp emits exactly the heap's order. Rank paths
 // are packed 11 bits per depth (rank + 1; 0 = absent), five depths per word, so comparing
 // the words in order compares paths lexicographically with a proper prefix first.

@@ -1,0 +1,632 @@
+// SPEC stage 2 — selection, block-parallel (one block of kSelectThreads per request).
+//
+// The first B rank paths in canonical order are the B best of the set {score >= t} for any
+// threshold t with at least B paths at or above it. That set is prefix-closed, and a parent's
+// children in it are a prefix of its ranks (a row's LP are sorted and f64 addition is
+// monotone), so it is enumerated level by level: per parent, a binary search counts its
+// children, a block scan gives their offsets, and each thread writes a run of children. The
+// store holds kStoreCap paths; when a level would overflow it, t is raised by bisection to a
+// value with B <= |{score >= t}| <= limit, and the store is compacted (a node below t has no
+// descendant above it). At the end a radix select finds the B-th score and lexicographic
+// comparisons settle ties there; the chosen paths get their lexicographic positions from
+// subtree sizes, and a bitonic sort on (score, that position) gives each its node index.
+//
+// Every decision is a function of block-wide sums, so the result is deterministic and equals
+// the best-first order exactly. When ties straddle every threshold (no t fits the store), the
+// caller falls back to the best-first warp of select.cuh.
+#pragma once
+#include "common.cuh"
+#include "select.cuh"
+
+namespace ddtree {
+
+constexpr int kSelectThreads = 512;
+constexpr int kStoreCap = 4096;
+constexpr int kStoreItems = kStoreCap / kSelectThreads;  // store slots per thread
+constexpr int kBisectSteps = 80;
+constexpr int kSortCap = 1024;  // > kMaxBudget, a power of two
+constexpr int kIndexBits = 12;  // store indices < kStoreCap
+
+// The enumerated paths in level order; children of one parent are contiguous, in rank order.
+struct Store {
+  double* score;         // [cap]
+  short* parent;         // [cap] store index of the parent, -1 = the root
+  short* rank;           // [cap]
+  short* order;          // [cap] position in canonical order (chosen paths only); during the
+                         // enumeration, the current level's LP row (floats)
+  unsigned char* depth;  // [cap]
+  unsigned char* chosen; // [cap]
+  int* work;             // [cap + 1] child offsets, compaction map, lexicographic positions
+  uint64_t* sort_key;    // [kSortCap] the chosen paths' score keys, sorted
+  unsigned* sort_aux;    // [kSortCap] lexicographic position << 12 | store index
+
+  static __host__ __device__ size_t bytes() {
+    return size_t(kStoreCap) * (8 + 2 + 2 + 2 + 1 + 1) + size_t(kStoreCap + 1) * 4 +
+           size_t(kSortCap) * (8 + 4);
+  }
+
+  __device__ static Store carve(char* base) {
+    Store s;
+    char* p = base;
+    auto take = [&](size_t bytes) { char* r = p; p += bytes; return r; };
+    s.score = reinterpret_cast<double*>(take(kStoreCap * 8));
+    s.sort_key = reinterpret_cast<uint64_t*>(take(kSortCap * 8));
+    s.work = reinterpret_cast<int*>(take((kStoreCap + 1) * 4));
+    s.sort_aux = reinterpret_cast<unsigned*>(take(kSortCap * 4));
+    s.parent = reinterpret_cast<short*>(take(kStoreCap * 2));
+    s.rank = reinterpret_cast<short*>(take(kStoreCap * 2));
+    s.order = reinterpret_cast<short*>(take(kStoreCap * 2));
+    s.depth = reinterpret_cast<unsigned char*>(take(kStoreCap));
+    s.chosen = reinterpret_cast<unsigned char*>(take(kStoreCap));
+    return s;
+  }
+};
+
+// Diagnostics (`stats`, optional): what the selection did per request and where its clock
+// cycles went (thread 0's clock64 between block barriers).
+enum SelectStat {
+  kStatPath,      // 1 = parallel, 2 = best-first warp
+  kStatPrunes,    // threshold raises
+  kStatBisect,    // bisection steps over all raises
+  kStatStore,     // paths enumerated at the final threshold
+  kStatTies,      // paths tied at the B-th score when some were left out, else 0
+  kStatLevels,    // levels enumerated
+  kStatCount,     // cycles: child counts and offsets
+  kStatPrune,     // cycles: bisection and compaction
+  kStatGrow,      // cycles: writing children
+  kStatChoose,    // cycles: radix select and tie ranks
+  kStatOrder,     // cycles: canonical positions
+  kStatWrite,     // cycles: tree links
+  kStatSlots = 16
+};
+
+// Block-wide scratch for reductions, the radix select and the diagnostics.
+struct BlockScratch {
+  int ints[kWarp];
+  double reals[kWarp];
+  int hist[2][256];  // double-buffered: one pass fills one while the other is cleared
+  int pick[2];
+  int lo;
+  int max_depth;
+  int level[kMaxSelectDepth + 2];  // final store: depth d occupies [level[d], level[d + 1])
+  long long stat[kStatSlots];
+  long long clock;
+
+  __device__ void reset_stats() {
+    for (int i = threadIdx.x; i < kStatSlots; i += blockDim.x) stat[i] = 0;
+    if (threadIdx.x == 0) clock = clock64();
+  }
+  __device__ void count(int slot, long long by = 1) {
+    if (threadIdx.x == 0) stat[slot] += by;
+  }
+  // Charges thread 0's cycles since the last lap to `slot`.
+  __device__ void lap(int slot) {
+    if (threadIdx.x == 0) {
+      const long long now = clock64();
+      stat[slot] += now - clock;
+      clock = now;
+    }
+  }
+};
+
+__device__ __forceinline__ int warp_add(int v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ double warp_min(double v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmin(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// For each of m <= N parents (scores ps): how many ranks r < eligible of LP row `row` have
+// parent + LP[r] >= t, by binary searches run in lockstep so their loads overlap.
+template <int N>
+__device__ __forceinline__ void children_batch(const float* row, int eligible, const double* ps,
+                                               int m, double t, int* counts) {
+  int lo[N], hi[N];
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const bool all = t == -INFINITY;
+    lo[i] = i < m && all ? eligible : 0;
+    hi[i] = i < m && !all ? eligible : 0;
+  }
+  for (int span = eligible; span > 0; span >>= 1) {  // ceil(log2(eligible + 1)) rounds
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      if (lo[i] < hi[i]) {
+        const int mid = (lo[i] + hi[i]) >> 1;
+        if (ps[i] + static_cast<double>(row[mid]) >= t) lo[i] = mid + 1;
+        else hi[i] = mid;
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < N; ++i) counts[i] = lo[i];
+}
+
+// This thread's contiguous share [first, first + m) of np parents, m <= kStoreItems.
+__device__ __forceinline__ int parent_share(int np, int* m) {
+  const int per = (np + kSelectThreads - 1) / kSelectThreads;
+  const int first = min(np, static_cast<int>(threadIdx.x) * per);
+  *m = min(np, first + per) - first;
+  return first;
+}
+
+template <int N>
+__device__ __forceinline__ int share_children_n(Store s, int lo, int first, int m,
+                                                const float* row, int eligible, double t,
+                                                int* counts) {
+  double ps[N];
+#pragma unroll
+  for (int i = 0; i < N; ++i) ps[i] = i < m ? s.score[lo + first + i] : 0.0;
+  children_batch<N>(row, eligible, ps, m, t, counts);
+  int sum = 0;
+#pragma unroll
+  for (int i = 0; i < N; ++i) sum += i < m ? counts[i] : 0;
+  return sum;
+}
+
+// Child counts (counts[0, m)) of this thread's share of the parents at store[lo, lo+np) at
+// threshold t, and their sum. The batch width follows the share (block-uniform): wider
+// batches than needed would only issue idle instructions.
+__device__ __forceinline__ int share_children(Store s, int lo, int np, int first, int m,
+                                              const float* row, int eligible, double t,
+                                              int* counts) {
+  const int per = (np + kSelectThreads - 1) / kSelectThreads;
+  if (per <= 1) return share_children_n<1>(s, lo, first, m, row, eligible, t, counts);
+  if (per <= 2) return share_children_n<2>(s, lo, first, m, row, eligible, t, counts);
+  if (per <= 4) return share_children_n<4>(s, lo, first, m, row, eligible, t, counts);
+  return share_children_n<kStoreItems>(s, lo, first, m, row, eligible, t, counts);
+}
+
+// Child counts of the parents at store[lo, lo+np) at threshold t: work[j] becomes parent j's
+// first child offset, work[np] the total, which is returned.
+__device__ int count_children(Store s, int lo, int np, const float* row, int eligible, double t,
+                              BlockScratch& bs) {
+  int m, counts[kStoreItems];
+  const int first = parent_share(np, &m);
+  const int sum = share_children(s, lo, np, first, m, row, eligible, t, counts);
+  int total;
+  int run = block_inclusive_scan(sum, bs.ints, &total) - sum;
+#pragma unroll
+  for (int i = 0; i < kStoreItems; ++i) {  // static indices keep `counts` in registers
+    if (i < m) {
+      s.work[first + i] = run;
+      run += counts[i];
+    }
+  }
+  if (threadIdx.x == 0) s.work[np] = total;
+  __syncthreads();
+  return total;
+}
+
+// Appends the children counted by count_children at store[n, n + total); each thread writes
+// a contiguous run, finding its first parent by binary search and the rest by stepping.
+__device__ void grow(Store s, int n, int lo, int np, const float* row, int total, int depth) {
+  const int per = (total + kSelectThreads - 1) / kSelectThreads;
+  const int j0 = min(total, static_cast<int>(threadIdx.x) * per), j1 = min(total, j0 + per);
+  int a = 0, b = np - 1;  // the last parent whose first offset is <= j0
+  while (a < b) {
+    const int m = (a + b + 1) >> 1;
+    if (s.work[m] <= j0) a = m;
+    else b = m - 1;
+  }
+  for (int j = j0; j < j1; ++j) {
+    while (s.work[a + 1] <= j) ++a;  // skips parents without children; work[np] = total
+    const int r = j - s.work[a];
+    const int x = n + j;
+    const double lp = static_cast<double>(row[r]);
+    // SPEC: s(r1) = f64(LP), then parent + f64(LP).
+    s.score[x] = depth == 1 ? lp : s.score[lo + a] + lp;
+    s.parent[x] = static_cast<short>(depth == 1 ? -1 : lo + a);
+    s.rank[x] = static_cast<short>(r);
+    s.depth[x] = static_cast<unsigned char>(depth);
+  }
+  __syncthreads();
+}
+
+// |{score >= t}| over the store and the children of store[lo, lo+np).
+__device__ int count_at_least(Store s, int n, int lo, int np, const float* row, int eligible,
+                              double t, BlockScratch& bs) {
+  int c = 0;
+  for (int x = threadIdx.x; x < n; x += kSelectThreads) c += s.score[x] >= t;
+  int m, counts[kStoreItems];
+  const int first = parent_share(np, &m);
+  c += share_children(s, lo, np, first, m, row, eligible, t, counts);
+  return block_reduce(c, bs.ints, 0, warp_add);
+}
+
+// The lowest score among the store and the children of store[lo, lo+np).
+__device__ double lowest_score(Store s, int n, int lo, int np, const float* row, int eligible,
+                               BlockScratch& bs) {
+  double m = INFINITY;
+  for (int x = threadIdx.x; x < n; x += kSelectThreads) m = fmin(m, s.score[x]);
+  if (eligible > 0)
+    for (int j = threadIdx.x; j < np; j += kSelectThreads)
+      m = fmin(m, s.score[lo + j] + static_cast<double>(row[eligible - 1]));
+  return block_reduce(m, bs.reals, static_cast<double>(INFINITY), warp_min);
+}
+
+// Raises t (whose count exceeds the store) to a value whose count is in [budget, limit];
+// false when bisection finds none (ties straddle the window).
+__device__ bool raise_threshold(Store s, int n, int lo, int np, const float* row, int eligible,
+                                int budget, int limit, double& t, BlockScratch& bs) {
+  double below = t == -INFINITY ? lowest_score(s, n, lo, np, row, eligible, bs) : t;
+  double above = 0.0;
+  for (int step = 0; step < kBisectSteps; ++step) {
+    bs.count(kStatBisect);
+    const double mid = below + (above - below) * 0.5;
+    if (!(mid > below && mid < above)) return false;
+    const int c = count_at_least(s, n, lo, np, row, eligible, mid, bs);
+    if (c > limit) below = mid;
+    else if (c < budget) above = mid;
+    else {
+      t = mid;
+      return true;
+    }
+  }
+  return false;
+}
+
+// Keeps the store paths with score >= t in order (siblings stay contiguous), remapping parent
+// links; moves *lo to the new start of the last level. Returns the new size.
+__device__ int compact(Store s, int n, int* lo, double t, BlockScratch& bs) {
+  const int base = threadIdx.x * kStoreItems;
+  double sc[kStoreItems];
+  short par[kStoreItems], rk[kStoreItems];
+  unsigned char dp[kStoreItems];
+  bool keep[kStoreItems];
+  int c = 0;
+#pragma unroll
+  for (int i = 0; i < kStoreItems; ++i) {
+    const int x = base + i;
+    keep[i] = x < n && s.score[x] >= t;
+    if (keep[i]) {
+      sc[i] = s.score[x];
+      par[i] = s.parent[x];
+      rk[i] = s.rank[x];
+      dp[i] = s.depth[x];
+    }
+    c += keep[i];
+  }
+  int total;
+  int at = block_inclusive_scan(c, bs.ints, &total) - c;
+  if (threadIdx.x == 0) bs.lo = total;  // an emptied last level starts at the end
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < kStoreItems; ++i) {
+    const int x = base + i;
+    if (x == *lo && x < n) bs.lo = at;
+    s.work[x] = keep[i] ? at++ : -1;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < kStoreItems; ++i)
+    if (keep[i] && par[i] >= 0) par[i] = static_cast<short>(s.work[par[i]]);
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < kStoreItems; ++i) {
+    if (!keep[i]) continue;
+    const int y = s.work[base + i];
+    s.score[y] = sc[i];
+    s.parent[y] = par[i];
+    s.rank[y] = rk[i];
+    s.depth[y] = dp[i];
+  }
+  *lo = bs.lo;
+  __syncthreads();
+  return total;
+}
+
+// Rank path of store x lexicographically before store y (a proper prefix first).
+__device__ bool path_before(const Store& s, int x, int y) {
+  if (x == y) return false;
+  int a = x, b = y, da = s.depth[x], db = s.depth[y];
+  for (; da > db; --da) a = s.parent[a];
+  for (; db > da; --db) b = s.parent[b];
+  if (a == b) return s.depth[x] < s.depth[y];
+  while (s.parent[a] != s.parent[b]) {
+    a = s.parent[a];
+    b = s.parent[b];
+  }
+  return s.rank[a] < s.rank[b];
+}
+
+// The k-th largest score key of the store by an 8-bit radix select; *above = keys above it.
+__device__ uint64_t kth_largest_key(Store s, int n, int k, int* above, int* ties,
+                                    BlockScratch& bs) {
+  uint64_t prefix = 0, keys[kStoreItems];
+  int need = k, skipped = 0;
+#pragma unroll
+  for (int i = 0; i < kStoreItems; ++i) {  // 0: absent (below every score's key)
+    const int x = threadIdx.x + i * kSelectThreads;
+    keys[i] = x < n ? double_key(s.score[x]) : 0;
+  }
+  for (int i = threadIdx.x; i < 256; i += kSelectThreads) bs.hist[0][i] = 0;
+  __syncthreads();
+  for (int shift = 56, pass = 0; shift >= 0; shift -= 8, ++pass) {
+    int* hist = bs.hist[pass & 1];
+    // The other buffer was last read before the previous pass's second barrier.
+    for (int i = threadIdx.x; i < 256; i += kSelectThreads) bs.hist[(pass + 1) & 1][i] = 0;
+    const uint64_t high = shift == 56 ? 0 : ~0ull << (shift + 8);
+#pragma unroll
+    for (int i = 0; i < kStoreItems; ++i)
+      if (keys[i] != 0 && (keys[i] & high) == prefix) atomicAdd(&hist[(keys[i] >> shift) & 255], 1);
+    __syncthreads();
+    if (threadIdx.x < kWarp) {  // lane l holds digits 255-8l down to 248-8l
+      const int lane = threadIdx.x;
+      int sum = 0;
+      for (int i = 0; i < 8; ++i) sum += hist[255 - 8 * lane - i];
+      int incl = sum;
+      for (int o = 1; o < kWarp; o <<= 1) {
+        const int v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
+      }
+      int run = incl - sum;  // keys in higher digits than this lane's
+      for (int i = 0; i < 8; ++i) {
+        const int digit = 255 - 8 * lane - i, h = hist[digit];
+        if (run < need && need <= run + h) {
+          bs.pick[0] = digit;
+          bs.pick[1] = run;
+        }
+        run += h;
+      }
+    }
+    __syncthreads();
+    const int digit = bs.pick[0];
+    prefix |= static_cast<uint64_t>(digit) << shift;
+    need -= bs.pick[1];
+    skipped += bs.pick[1];
+    if (shift == 0) *ties = hist[digit];
+  }
+  __syncthreads();
+  *above = skipped;
+  return prefix;
+}
+
+// Lists, in store order, the store paths whose score key is `cut` in s.work[0, count).
+__device__ int list_tied(Store s, int n, uint64_t cut, BlockScratch& bs) {
+  const int base = threadIdx.x * kStoreItems;
+  int c = 0;
+  for (int i = 0; i < kStoreItems; ++i) c += base + i < n && double_key(s.score[base + i]) == cut;
+  int total;
+  int at = block_inclusive_scan(c, bs.ints, &total) - c;
+  for (int i = 0; i < kStoreItems; ++i)
+    if (base + i < n && double_key(s.score[base + i]) == cut) s.work[at++] = base + i;
+  __syncthreads();
+  return total;
+}
+
+// Marks the first `budget` paths of the store (canonical order) in s.chosen.
+__device__ void choose(Store s, int n, int budget, BlockScratch& bs) {
+  if (n <= budget) {
+    for (int x = threadIdx.x; x < n; x += kSelectThreads) s.chosen[x] = 1;
+    __syncthreads();
+    return;
+  }
+  int above, ties;
+  const uint64_t cut = kth_largest_key(s, n, budget, &above, &ties, bs);
+  const int need = budget - above;  // how many of the tied paths are taken, >= 1
+  for (int x = threadIdx.x; x < n; x += kSelectThreads)
+    s.chosen[x] = double_key(s.score[x]) >= cut;
+  __syncthreads();
+  if (ties == need) return;
+  // Some tied paths are left out: keep the `need` lexicographically first.
+  bs.count(kStatTies, ties);
+  const int tied = list_tied(s, n, cut, bs);
+  for (int i = threadIdx.x; i < tied; i += kSelectThreads) {
+    const int x = s.work[i];
+    int earlier = 0;
+    for (int j = 0; j < tied && earlier < need; ++j) earlier += path_before(s, s.work[j], x);
+    s.chosen[x] = earlier < need;
+  }
+  __syncthreads();
+}
+
+// Level starts of the final store into bs.level (its levels are contiguous, in depth order);
+// bs.max_depth = the deepest level.
+__device__ void level_starts(Store s, int n, BlockScratch& bs) {
+  if (threadIdx.x == 0) bs.max_depth = 0;
+  __syncthreads();
+  for (int x = threadIdx.x; x < n; x += kSelectThreads) {
+    const int d = s.depth[x];
+    if (x == 0 || s.depth[x - 1] != d) bs.level[d] = x;
+    if (x == n - 1) {
+      bs.level[d + 1] = n;
+      bs.max_depth = d;
+    }
+  }
+  __syncthreads();
+}
+
+// Each chosen path's position in lexicographic order among the chosen paths (a prefix
+// first), into s.work: subtree sizes bottom-up; then the sizes of a node's lower-ranked
+// siblings, which sit just before it in the store, by one scan; then sums down the tree.
+__device__ void lex_positions(Store s, int n, BlockScratch& bs) {
+  level_starts(s, n, bs);
+  for (int x = threadIdx.x; x < n; x += kSelectThreads) s.work[x] = s.chosen[x];
+  __syncthreads();
+  for (int d = bs.max_depth; d >= 2; --d) {
+    for (int x = bs.level[d] + threadIdx.x; x < bs.level[d + 1]; x += kSelectThreads)
+      if (s.chosen[x]) atomicAdd(&s.work[s.parent[x]], s.work[x]);
+    __syncthreads();
+  }
+  const int base = threadIdx.x * kStoreItems;
+  int size[kStoreItems], c = 0;
+#pragma unroll
+  for (int i = 0; i < kStoreItems; ++i) {
+    size[i] = base + i < n ? s.work[base + i] : 0;
+    c += size[i];
+  }
+  int total;
+  int at = block_inclusive_scan(c, bs.ints, &total) - c;
+#pragma unroll
+  for (int i = 0; i < kStoreItems; ++i) {  // sums stay below kMaxBudget * kMaxSelectDepth
+    if (base + i < n) s.order[base + i] = static_cast<short>(at);
+    at += size[i];
+  }
+  __syncthreads();
+  for (int x = threadIdx.x; x < n; x += kSelectThreads)
+    if (s.chosen[x]) s.work[x] = s.order[x] - s.order[x - s.rank[x]];
+  __syncthreads();
+  for (int d = 2; d <= bs.max_depth; ++d) {
+    for (int x = bs.level[d] + threadIdx.x; x < bs.level[d + 1]; x += kSelectThreads)
+      if (s.chosen[x]) s.work[x] += s.work[s.parent[x]] + 1;
+    __syncthreads();
+  }
+}
+
+// Canonical order of two sort entries: higher score key, then lexicographically first.
+__device__ __forceinline__ bool entry_before(uint64_t ka, unsigned xa, uint64_t kb, unsigned xb) {
+  return ka > kb || (ka == kb && xa < xb);
+}
+
+// Sorts the chosen paths into canonical order by a bitonic network over (score key,
+// lexicographic position); s.order[x] = the position of store path x. Returns their count.
+__device__ int sort_chosen(Store s, int n, BlockScratch& bs) {
+  lex_positions(s, n, bs);
+  const int base = threadIdx.x * kStoreItems;
+  int c = 0;
+#pragma unroll
+  for (int i = 0; i < kStoreItems; ++i) c += base + i < n && s.chosen[base + i];
+  int total;
+  int at = block_inclusive_scan(c, bs.ints, &total) - c;
+#pragma unroll
+  for (int i = 0; i < kStoreItems; ++i) {
+    const int x = base + i;
+    if (x < n && s.chosen[x]) {
+      s.sort_key[at] = double_key(s.score[x]);
+      s.sort_aux[at++] = static_cast<unsigned>(s.work[x]) << kIndexBits | x;
+    }
+  }
+  int size = 1;
+  while (size < total) size <<= 1;
+  for (int i = total + threadIdx.x; i < size; i += kSelectThreads) {
+    s.sort_key[i] = 0;  // below every finite score's key
+    s.sort_aux[i] = ~0u;
+  }
+  __syncthreads();
+  for (int k = 2; k <= size; k <<= 1) {
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      for (int p = threadIdx.x; p < size / 2; p += kSelectThreads) {
+        const int a = 2 * j * (p / j) + p % j, b = a + j;
+        const uint64_t ka = s.sort_key[a], kb = s.sort_key[b];
+        const unsigned xa = s.sort_aux[a], xb = s.sort_aux[b];
+        const bool ascending = (a & k) == 0;  // this half runs in canonical order
+        if (ascending == entry_before(kb, xb, ka, xa)) {
+          s.sort_key[a] = kb;
+          s.sort_key[b] = ka;
+          s.sort_aux[a] = xb;
+          s.sort_aux[b] = xa;
+        }
+      }
+      __syncthreads();
+    }
+  }
+  for (int p = threadIdx.x; p < total; p += kSelectThreads)
+    s.order[s.sort_aux[p] & ((1u << kIndexBits) - 1)] = static_cast<short>(p);
+  __syncthreads();
+  return total;
+}
+
+// Tree links of the N chosen paths (node index = 1 + canonical position) into `out`.
+__device__ void write_links(const Store& s, int n, int nodes, int q, const long long* ti, int K,
+                            SelectOut out) {
+  for (int i = threadIdx.x; i < q; i += kSelectThreads) {
+    out.depths[i] = 0;
+    out.parents[i] = -1;
+    out.scores[i] = i == 0 ? 0.0 : -INFINITY;
+    out.first_child[i] = -1;
+    out.next_sibling[i] = -1;
+    if (i >= 1) out.verify_ids[i] = 0;
+  }
+  __syncthreads();
+  for (int j = threadIdx.x; j < nodes; j += kSelectThreads) {
+    const int x = s.sort_aux[j] & ((1u << kIndexBits) - 1);
+    const int i = j + 1, d = s.depth[x], r = s.rank[x], p = s.parent[x];
+    const int parent_node = p < 0 ? 0 : s.order[p] + 1;
+    out.depths[i] = d;
+    out.parents[i] = parent_node;
+    out.scores[i] = s.score[x];
+    out.verify_ids[i] = ti[(d - 1) * K + r];
+    if (r == 0) out.first_child[parent_node] = i;
+    // The next rank of the same parent sits at x + 1 and is chosen whenever it exists.
+    if (x + 1 < n && s.chosen[x + 1] && s.parent[x + 1] == p) out.next_sibling[i] = s.order[x + 1] + 1;
+  }
+}
+
+constexpr int kRowRegs = (kMaxBudget + kSelectThreads - 1) / kSelectThreads;  // K <= budget
+
+// This thread's share of LP row d (if d < L) into registers.
+__device__ __forceinline__ void prefetch_row(const float* lp, int K, const int* eligible, int L,
+                                             int d, float* next) {
+#pragma unroll
+  for (int i = 0; i < kRowRegs; ++i) {
+    const int r = threadIdx.x + i * kSelectThreads;
+    next[i] = d < L && r < eligible[d] ? lp[d * K + r] : 0.0f;
+  }
+}
+
+// One request, one block. Returns N, or -1 when the caller must run the best-first warp.
+__device__ int select_parallel(const float* __restrict__ lp, const long long* __restrict__ ti,
+                               const int* eligible, int L, int K, int budget, SelectOut out,
+                               Store s, BlockScratch& bs) {
+  bs.count(kStatPath);
+  const int limit = 4 * budget <= kStoreCap ? kStoreCap / 2 : kStoreCap;
+  double t = -INFINITY;
+  int n = 0, lo = 0, np = 1;  // the store, its last level [lo, lo+np); level 0 is the root
+  // Each level's LP row is staged in shared memory (in `order`, unused until the end): the
+  // binary searches read it at shared-memory latency.
+  // The next row is loaded into registers at the start of a level, so its global-memory
+  // latency hides behind that level's work.
+  float* row = reinterpret_cast<float*>(s.order);
+  float next[kRowRegs];
+  prefetch_row(lp, K, eligible, L, 0, next);
+  for (int d = 0; d < L; ++d) {
+#pragma unroll
+    for (int i = 0; i < kRowRegs; ++i) {
+      const int r = threadIdx.x + i * kSelectThreads;
+      if (r < eligible[d]) row[r] = next[i];
+    }
+    __syncthreads();
+    prefetch_row(lp, K, eligible, L, d + 1, next);
+    int total;
+    if (d == 0) {
+      total = eligible[0];
+      if (threadIdx.x == 0) {
+        s.work[0] = 0;
+        s.work[1] = total;
+      }
+      __syncthreads();
+    } else {
+      total = count_children(s, lo, np, row, eligible[d], t, bs);
+      bs.lap(kStatCount);
+      if (n + total > kStoreCap) {
+        bs.count(kStatPrunes);
+        if (!raise_threshold(s, n, lo, np, row, eligible[d], budget, limit, t, bs)) return -1;
+        n = compact(s, n, &lo, t, bs);
+        np = n - lo;
+        total = np > 0 ? count_children(s, lo, np, row, eligible[d], t, bs) : 0;
+        bs.lap(kStatPrune);
+      }
+    }
+    if (total == 0) break;
+    grow(s, n, lo, np, row, total, d + 1);
+    bs.lap(kStatGrow);
+    bs.count(kStatLevels);
+    lo = n;
+    n += total;
+    np = total;
+  }
+  bs.count(kStatStore, n);
+  choose(s, n, budget, bs);
+  bs.lap(kStatChoose);
+  const int nodes = sort_chosen(s, n, bs);
+  bs.lap(kStatOrder);
+  write_links(s, n, nodes, budget + 1, ti, K, out);
+  bs.lap(kStatWrite);
+  return nodes;
+}
+
+}  // namespace ddtree
