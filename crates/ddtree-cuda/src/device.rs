@@ -52,6 +52,13 @@ pub struct Device {
     pub select: CUfunction,
     pub emit: CUfunction,
     pub full_mask: CUfunction,
+    /// Stage 4, per target dtype (f32, f16, bf16), and the generator's advance.
+    pub accept: [CUfunction; 3],
+    pub advance_rng: CUfunction,
+    /// Stage 5.
+    pub kept_slots: CUfunction,
+    pub compact_kv: CUfunction,
+    pub gather_hidden: CUfunction,
     _modules: Vec<CUmodule>,
 }
 
@@ -107,6 +114,8 @@ impl Device {
         let cand = load(kernels::CANDIDATES, "candidates")?;
         let select = load(kernels::SELECT, "select")?;
         let emit = load(kernels::EMIT, "emit")?;
+        let accept = load(kernels::ACCEPT, "accept")?;
+        let commit = load(kernels::COMMIT, "commit")?;
         let f = |m, name: &str| function(m, name);
         let select_fn = f(select, "ddtree_select")?;
         let cand = [
@@ -125,6 +134,15 @@ impl Device {
             select: select_fn,
             emit: f(emit, "ddtree_emit")?,
             full_mask: f(emit, "ddtree_full_mask")?,
+            accept: [
+                f(accept, "ddtree_accept_f32")?,
+                f(accept, "ddtree_accept_f16")?,
+                f(accept, "ddtree_accept_bf16")?,
+            ],
+            advance_rng: f(accept, "ddtree_advance_rng")?,
+            kept_slots: f(commit, "ddtree_kept_slots")?,
+            compact_kv: f(commit, "ddtree_compact_kv")?,
+            gather_hidden: f(commit, "ddtree_gather_hidden")?,
             _modules: modules,
             ctx,
         })

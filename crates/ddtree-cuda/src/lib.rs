@@ -1,4 +1,4 @@
-//! ddtree-cuda: the GPU path of a DDTree round (SPEC.md stages 1–3 so far).
+//! ddtree-cuda: the GPU path of a DDTree round (SPEC.md stages 1–5).
 //!
 //! The kernels (`kernels/*.cu`) are compiled ahead of time by `build.rs` into fatbins with
 //! sm_90 and sm_120 machine code plus PTX, embedded here and loaded once per device into the
@@ -6,9 +6,14 @@
 //! (PyTorch's current stream), allocates nothing and never synchronizes, so the whole build
 //! can be captured in a CUDA graph.
 
+mod accept;
+mod commit;
 mod device;
 pub mod fatbin;
 pub mod launch;
+
+pub use accept::{accept_tree, AcceptPtrs, Sampling, WalkTree};
+pub use commit::{compact_kv, gather_hidden, kept_slots, CommitPath};
 
 /// The embedded fatbins (empty when built without the `kernels` feature).
 pub mod kernels {
@@ -123,13 +128,13 @@ pub struct Scratch {
 pub const SELECT_STATS: usize = 16;
 
 /// Kernel parameters: each entry points at one argument value (cuLaunchKernel's format).
-struct Params(Vec<*mut c_void>);
+pub(crate) struct Params(Vec<*mut c_void>);
 
 impl Params {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self(Vec::with_capacity(20))
     }
-    fn arg<T>(&mut self, value: &T) -> &mut Self {
+    pub(crate) fn arg<T>(&mut self, value: &T) -> &mut Self {
         self.0.push(value as *const T as *mut c_void);
         self
     }
@@ -137,7 +142,7 @@ impl Params {
 
 /// # Safety
 /// `f` must take exactly the arguments in `params`, whose pointees must be alive.
-unsafe fn launch(
+pub(crate) unsafe fn launch(
     call: &'static str,
     f: CUfunction,
     grid: (u32, u32, u32),
@@ -379,6 +384,8 @@ pub fn embedded_images() -> Vec<(&'static str, Vec<fatbin::Image>)> {
         ("candidates", kernels::CANDIDATES),
         ("select", kernels::SELECT),
         ("emit", kernels::EMIT),
+        ("accept", kernels::ACCEPT),
+        ("commit", kernels::COMMIT),
     ]
     .into_iter()
     .map(|(name, data)| (name, fatbin::images(data).unwrap_or_default()))

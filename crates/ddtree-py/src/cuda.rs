@@ -17,13 +17,13 @@ pub struct ScratchArg {
     stats: usize,
 }
 
-fn logits_of(t: &TensorArg) -> PyResult<Logits> {
-    let dtype = match t.logits_dtype("draft_logits")? {
+pub(crate) fn logits_of(t: &TensorArg, name: &str) -> PyResult<Logits> {
+    let dtype = match t.logits_dtype(name)? {
         LogitsDtype::F32 => Dtype::F32,
         LogitsDtype::F16 => Dtype::F16,
         LogitsDtype::Bf16 => Dtype::Bf16,
     };
-    let (shape, strides) = t.shape3("draft_logits")?;
+    let (shape, strides) = t.shape3(name)?;
     Ok(Logits {
         ptr: t.ptr as u64,
         dtype,
@@ -49,7 +49,7 @@ pub fn cuda_build_tree(
     scratch: ScratchArg,
     stages: u32,
 ) -> PyResult<()> {
-    let logits = logits_of(&draft_logits)?;
+    let logits = logits_of(&draft_logits, "draft_logits")?;
     let ptrs = TreePtrs {
         verify_ids: out.verify_ids as u64,
         positions: out.positions as u64,

@@ -4,6 +4,7 @@
 //! `tensor.rs` for the contract), releases the GIL, and writes into caller-owned outputs.
 
 mod cuda;
+mod cuda_round;
 mod errors;
 mod tensor;
 
@@ -319,6 +320,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cuda::cuda_full_mask, m)?)?;
     m.add_function(wrap_pyfunction!(cuda::cuda_images, m)?)?;
     m.add_function(wrap_pyfunction!(cuda::cuda_prepare, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_round::cuda_accept, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_round::cuda_kept_slots, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_round::cuda_compact_kv, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_round::cuda_gather_hidden, m)?)?;
     m.add("CUDA_MAX_BUDGET", ddtree_cuda::launch::MAX_BUDGET)?;
     m.add("CUDA_MAX_K", ddtree_cuda::launch::MAX_K)?;
     m.add("CUDA_MAX_DEPTH", ddtree_cuda::launch::MAX_DEPTH)?;

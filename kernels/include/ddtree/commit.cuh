@@ -1,0 +1,42 @@
+// SPEC stage 5 — commit: which verify-window KV slots survive, the in-place compaction of
+// paged KV caches, and the gather of the accepted nodes' hidden states.
+#pragma once
+#include "common.cuh"
+
+namespace ddtree {
+
+// One request: kept[i] = window[nodes[i]] for the accepted path (-1 padded); release[j] =
+// node j is not on the path.
+__device__ void kept_slots_request(const long long* window, const long long* nodes, int q,
+                                   int path_len, long long* kept, bool* release) {
+  for (int i = threadIdx.x; i < path_len; i += blockDim.x)
+    kept[i] = nodes[i] >= 0 ? window[nodes[i]] : -1;
+  for (int j = threadIdx.x; j < q; j += blockDim.x) {
+    bool on_path = false;
+    for (int i = 0; i < path_len && nodes[i] >= 0; ++i) on_path |= nodes[i] == j;
+    release[j] = !on_path;
+  }
+}
+
+constexpr int kCompactChunk = 1024;  // bytes of each row a block moves
+constexpr int kMaxPath = 21;         // L + 1 with L <= 20
+
+// One (request, buffer, chunk): reads the chunk of every accepted row into shared memory,
+// then writes them to the window's first slots, so sources are read before any write.
+__device__ void compact_chunk(char* buffer, long long row_bytes, long long chunk_at,
+                              const long long* window, const long long* nodes, int path_len,
+                              char* stage) {
+  const long long left = row_bytes - chunk_at;
+  const int bytes = left < kCompactChunk ? static_cast<int>(left) : kCompactChunk;
+  int len = 0;
+  while (len < path_len && nodes[len] >= 0) ++len;
+  for (int i = 0; i < len; ++i)
+    for (int c = threadIdx.x; c < bytes; c += blockDim.x)
+      stage[i * kCompactChunk + c] = buffer[window[nodes[i]] * row_bytes + chunk_at + c];
+  __syncthreads();
+  for (int i = 0; i < len; ++i)
+    for (int c = threadIdx.x; c < bytes; c += blockDim.x)
+      buffer[window[i] * row_bytes + chunk_at + c] = stage[i * kCompactChunk + c];
+}
+
+}  // namespace ddtree
