@@ -2,11 +2,11 @@
 # The GPU recipe, run on the lent H200 through the device tool (see README "GPU"):
 # installs the wheel built here (carried in wheels/), runs the GPU-marked tests,
 # compute-sanitizer memcheck + racecheck on a small batch, and the GPU benchmark.
-# Logs go to $OUT. STEPS selects parts: "tests sanitize bench" (default: all);
-# PYTEST_K (a -k expression) and BENCH_ARGS narrow the tests and the benchmark.
+# Logs go to $OUT. STEPS selects parts: "tests sanitize bench loop" (default: all);
+# PYTEST_K (a -k expression), BENCH_ARGS and LOOP_ARGS narrow the tests and benchmarks.
 set -u
 OUT=${OUT:-/tmp/ddtree-gpu-out}
-STEPS=${STEPS:-"tests sanitize bench"}
+STEPS=${STEPS:-"tests sanitize bench loop"}
 mkdir -p "$OUT"
 pip install --no-index --no-deps --target /tmp/site wheels/ddtree-*.whl >"$OUT/install.log" 2>&1 \
     || { cat "$OUT/install.log"; exit 1; }
@@ -24,6 +24,10 @@ for step in $STEPS; do
                 >"$OUT/sanitizer-$tool.log" 2>&1 || status=1
             echo "== $tool"; tail -3 "$OUT/sanitizer-$tool.log"
         done ;;
+    loop)
+        python3 -m ddtree.bench_loop --plot "$OUT/loop.png" ${LOOP_ARGS:-} >"$OUT/bench-loop.txt" \
+            2>"$OUT/bench-loop.err" || status=1
+        cat "$OUT/bench-loop.txt"; tail -3 "$OUT/bench-loop.err" ;;
     bench)
         python3 -m ddtree.bench_gpu ${BENCH_ARGS:-} >"$OUT/bench-gpu.txt" 2>"$OUT/bench-gpu.err" || status=1
         cat "$OUT/bench-gpu.txt"; tail -3 "$OUT/bench-gpu.err" ;;

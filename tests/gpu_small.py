@@ -1,9 +1,23 @@
-"""A small GPU build for compute-sanitizer (memcheck, racecheck): every kernel, every dtype,
-a strided view, a NaN row, the largest budget, and the FULL mask. Exits non-zero on error."""
+"""A small GPU round for compute-sanitizer (memcheck, racecheck): every kernel, every dtype,
+a strided view, a NaN row, the largest budget, the FULL mask, accept (greedy and sampling)
+and the commit kernels. Exits non-zero on error."""
 
 import torch
 
 import ddtree
+
+
+def round_kernels(tree, dtype, vocab, g) -> None:
+    """Stages 4–5: greedy and sampling accept, kept slots, KV compaction, hidden gather."""
+    dev = tree.device
+    bs, q = tree.verify_ids.shape
+    target = torch.randn(bs, q, vocab, device=dev, generator=g).to(dtype)
+    ddtree.accept_tree(tree, target)
+    acc = ddtree.accept_tree(tree, target, temperature=0.9, top_k=5, top_p=0.8, generator=1)
+    window = torch.randperm(bs * q + 5, device=dev, generator=g)[: bs * q].view(bs, q)
+    ddtree.kept_slots(acc, window)
+    ddtree.compact_kv(acc, window, [torch.randn(bs * q + 5, 2, 8, device=dev) for _ in range(2)])
+    ddtree.gather_hidden(acc, torch.randn(bs * q, 40, device=dev))
 
 
 def main() -> None:
@@ -18,6 +32,7 @@ def main() -> None:
             prefix = torch.randint(0, 50, (bs,), device=dev, generator=g)
             tree = ddtree.build_tree(x, roots, prefix, budget=budget, topk=min(budget, 40))
             tree.sglang_custom_mask(prefix)
+            round_kernels(tree, dtype, vocab, g)
         # K = B: the parallel selection raises its threshold and compacts its store.
         x = torch.randn(2, 8, 3000, device=dev, generator=g).to(dtype)
         z = torch.zeros(2, dtype=torch.int64, device=dev)

@@ -14,7 +14,7 @@ VOCAB = 8
 LOGITS = torch.tensor([2.0, 1.5, 1.5, 1.0, 0.3, 0.0, -0.5, -1.0])
 
 
-def first_new_tokens(draws: int, seed, **sampling) -> np.ndarray:
+def first_new_tokens(draws: int, seed, device="cpu", **sampling) -> np.ndarray:
     """The first token committed after the root, for `draws` independent requests.
 
     The tree is root → one child; the first new token is the root's posterior either way
@@ -23,10 +23,10 @@ def first_new_tokens(draws: int, seed, **sampling) -> np.ndarray:
     x = torch.zeros(draws, 1, VOCAB)
     x[:, 0, 3] = 5.0  # the child carries token 3
     z = torch.zeros(draws, dtype=torch.int64)
-    tree = ddtree.build_tree(x, z, z, budget=1)
-    target = LOGITS.expand(draws, 2, VOCAB).contiguous()
+    tree = ddtree.build_tree(x.to(device), z.to(device), z.to(device), budget=1)
+    target = LOGITS.expand(draws, 2, VOCAB).contiguous().to(device)
     acc = ddtree.accept_tree(tree, target, generator=seed, **sampling)
-    return torch.where(acc.accept_len == 2, acc.accepted_tokens[:, 1], acc.bonus).numpy()
+    return torch.where(acc.accept_len == 2, acc.accepted_tokens[:, 1], acc.bonus).cpu().numpy()
 
 
 def filtered(temperature: float, top_k: int | None, top_p: float | None) -> np.ndarray:

@@ -1,10 +1,11 @@
-"""ddtree: DDTree speculative-decoding rounds — tree build, verify inputs, accept.
+"""ddtree: DDTree speculative-decoding rounds — tree build, verify inputs, accept, commit.
 
 ``build_tree`` / ``accept_tree`` allocate their outputs; ``Stepper`` reuses static buffers.
 CPU tensors run the Rust CPU path; ``ddtree.reference`` is the plain-Python oracle.
 """
 
 from ._api import accept_tree, build_tree
+from ._commit import compact_kv, gather_hidden, kept_slots
 from ._types import Acceptance, Tree
 from .stepper import Stepper
 
@@ -25,4 +26,7 @@ __all__ = [
     "Tree",
     "accept_tree",
     "build_tree",
+    "compact_kv",
+    "gather_hidden",
+    "kept_slots",
 ]

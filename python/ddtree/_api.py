@@ -6,7 +6,7 @@ import numbers
 
 import torch
 
-from . import _buffers, _cpu, _cuda, _validate
+from . import _buffers, _cpu, _cuda, _sampling, _validate
 from ._types import Acceptance, Tree
 
 
@@ -55,15 +55,34 @@ def accept_tree(
     return acc
 
 
-def accept_into(tree, target_logits, acc, temperature, top_k, top_p, generator) -> None:
-    """Checks every argument, then runs the greedy or the sampling walk into ``acc``."""
+def accept_into(tree, target_logits, acc, temperature, top_k, top_p, generator, state=None) -> None:
+    """Checks every argument, then runs the greedy or the sampling walk into ``acc``.
+
+    On CUDA, ``state`` is the caller's ``SamplingState`` (the Stepper's, so that nothing is
+    allocated and the generator's offset carries over); without one, a fresh state seeded
+    from ``generator`` is used."""
     t = check_target(tree, target_logits)
+    if t.device.type == "cuda":
+        cuda_accept_into(tree, t, acc, temperature, top_k, top_p, generator, state)
+        return
     params = sampling_params(tree.batch_size, temperature, top_k, top_p)
-    _validate.require_cpu(t.device, "accept_tree (the GPU accept is not built yet)")
     if params is None:
         _cpu.accept_greedy_into(tree, t, acc)
     else:
         _cpu.accept_sampled_into(tree, t, acc, params, seed_of(generator))
+
+
+def cuda_accept_into(tree, t, acc, temperature, top_k, top_p, generator, state) -> None:
+    bs = tree.batch_size
+    if _sampling.is_greedy(temperature):
+        _cuda.accept_into(tree, t, acc, None)
+        return
+    if state is None:
+        state = _sampling.SamplingState(bs, t.device, seed_of(generator))
+    elif generator is not None:
+        state.reseed(seed_of(generator))
+    state.load(bs, temperature, top_k, top_p)
+    _cuda.accept_into(tree, t, acc, state.pointers())
 
 
 def check_target(tree: Tree, target_logits) -> torch.Tensor:

@@ -70,3 +70,46 @@ def cuda_full_mask(
 ) -> None: ...
 def cuda_images() -> list[tuple[str, bool, int]]: ...
 def cuda_prepare(device: int) -> None: ...
+def cuda_accept(
+    device: int,
+    stream: int,
+    target_logits: TensorArg,
+    path_len: int,
+    tree: dict[str, int],
+    out: dict[str, int],
+    sampling: dict[str, int] | None = None,
+) -> None: ...
+def cuda_kept_slots(
+    device: int,
+    stream: int,
+    bs: int,
+    q: int,
+    path_len: int,
+    accepted_nodes: int,
+    window: int,
+    kept: int,
+    release: int,
+) -> None: ...
+def cuda_compact_kv(
+    device: int,
+    stream: int,
+    bs: int,
+    q: int,
+    path_len: int,
+    accepted_nodes: int,
+    window: int,
+    buffers: int,
+    count: int,
+    row_bytes: int,
+) -> None: ...
+def cuda_gather_hidden(
+    device: int,
+    stream: int,
+    bs: int,
+    q: int,
+    path_len: int,
+    accepted_nodes: int,
+    hidden: int,
+    row_bytes: int,
+    out: int,
+) -> None: ...

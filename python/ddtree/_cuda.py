@@ -91,6 +91,27 @@ def full_mask(ancestor_bits, seq_lens, out, write_prefix: bool) -> None:
     )
 
 
+ACCEPT_FIELDS = ("accepted_nodes", "accepted_tokens", "accept_index", "accept_len", "bonus")
+
+
+def accept_into(tree: Tree, target_logits, acc, sampling: dict | None) -> None:
+    """SPEC stage 4 into ``acc`` (one kernel launch, plus the generator's advance when
+    sampling); ``sampling`` holds the device pointers of a ``SamplingState``."""
+    index = device_index(tree.device)
+    _core.cuda_accept(
+        index,
+        raw_stream(index),
+        tensor_arg(target_logits),
+        acc.accepted_nodes.shape[1],
+        {name: getattr(tree, name).data_ptr() for name in WALK_FIELDS},
+        {name: getattr(acc, name).data_ptr() for name in ACCEPT_FIELDS},
+        sampling,
+    )
+
+
+WALK_FIELDS = ("verify_ids", "first_child", "next_sibling")
+
+
 def images() -> list[tuple[str, bool, int]]:
     """(module, is_ptx, arch) of every kernel image compiled into this build."""
     return _core.cuda_images()

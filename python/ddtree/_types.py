@@ -92,3 +92,16 @@ class Acceptance:
     accept_len: torch.Tensor  # int64 [bs], 1..L+1
     bonus: torch.Tensor  # int64 [bs]
     accept_index: torch.Tensor  # int64 [bs, L+1]: b*Q + node, -1 padded
+
+    @property
+    def batch_size(self) -> int:
+        return self.accepted_nodes.shape[0]
+
+    @property
+    def path_len(self) -> int:
+        """L + 1."""
+        return self.accepted_nodes.shape[1]
+
+    @property
+    def device(self) -> torch.device:
+        return self.accepted_nodes.device

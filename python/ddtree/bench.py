@@ -68,6 +68,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="memory cap of the [n, Q, V] target logits; accept runs on the n that fit (2.0)",
     )
     p.add_argument(
+        "--loop",
+        action="store_true",
+        help="the GPU decode-loop benchmark in three modes (see ddtree/bench_loop.py)",
+    )
+    p.add_argument(
         "--device",
         default="cpu",
         help="cpu (default) or cuda: the GPU build against the CPU paths, over a sweep of "
@@ -89,6 +94,10 @@ def check_args(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.loop:
+        from . import bench_loop
+
+        return bench_loop.main(getattr(args, "argv", None))
     if args.device.startswith("cuda"):
         from . import bench_gpu
 

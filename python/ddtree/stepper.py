@@ -6,13 +6,25 @@ from typing import NamedTuple
 
 import torch
 
-from . import _api, _buffers, _cpu, _cuda, _validate
+from . import _api, _buffers, _commit, _cpu, _cuda, _sampling, _validate
 from ._types import Acceptance, Tree
 
 
 class _Plan(NamedTuple):
     tree: Tree
     launch: object  # _cuda.LaunchPlan on CUDA
+
+
+_READBACK = ("accept_len", "accepted_tokens", "bonus")
+
+
+def _new_event():
+    """An event that records as an external node under graph capture (so that ``query``
+    after a replay reports that replay's progress)."""
+    try:
+        return torch.cuda.Event(external=True)
+    except TypeError:  # older torch: a plain event
+        return torch.cuda.Event()
 
 
 class Stepper:
@@ -24,7 +36,14 @@ class Stepper:
     """
 
     def __init__(
-        self, max_batch=64, budget=255, depth=15, vocab=151936, device="cuda:0", topk=None
+        self,
+        max_batch=64,
+        budget=255,
+        depth=15,
+        vocab=151936,
+        device="cuda:0",
+        topk=None,
+        seed=0,
     ):
         self.max_batch = _validate.positive_int("max_batch", max_batch)
         self.budget = _validate.positive_int("budget", budget, limit=_validate.MAX_BUDGET)
@@ -46,6 +65,26 @@ class Stepper:
         self._plans: dict[tuple, _Plan] = {}
         self._tree: Tree | None = None
         self._acc: Acceptance | None = None
+        self._cuda_round_state(seed)
+
+    def _cuda_round_state(self, seed: int) -> None:
+        """Sampling state, readback pinned buffers and event, commit outputs (CUDA only)."""
+        self._sampling = self._host = self._event = None
+        self._pending_bs = None
+        if self.device.type != "cuda":
+            return
+        self._sampling = _sampling.SamplingState(self.max_batch, self.device, seed)
+        n, path = self.max_batch, self.depth + 1
+        self._host = {
+            "accept_len": torch.empty(n, dtype=torch.int64, pin_memory=True),
+            "accepted_tokens": torch.empty(n, path, dtype=torch.int64, pin_memory=True),
+            "bonus": torch.empty(n, dtype=torch.int64, pin_memory=True),
+        }
+        self._event = _new_event()
+        q = self.budget + 1
+        self._kept = torch.empty(n, path, dtype=torch.int64, device=self.device)
+        self._release = torch.empty(n, q, dtype=torch.bool, device=self.device)
+        self._caches: _commit.CacheTable | None = None
 
     def _check_cuda_limits(self) -> None:
         from . import _core
@@ -98,25 +137,79 @@ class Stepper:
         tree = self._tree
         shapes = _buffers.acceptance_shapes(tree.batch_size, tree.depth)
         acc = Acceptance(**self._acc_bufs.view(shapes))
-        _api.accept_into(tree, target_logits, acc, temperature, top_k, top_p, generator)
+        _api.accept_into(
+            tree, target_logits, acc, temperature, top_k, top_p, generator, self._sampling
+        )
         self._acc = acc
+        if self.device.type == "cuda":
+            self._start_readback(acc)
         return acc
 
-    def readback(self, wait: bool = False):
-        """Host copy of the last acceptance (``accept_len``, ``accepted_tokens``, ``bonus``).
+    def _start_readback(self, acc: Acceptance) -> None:
+        """Async copies of the acceptance into pinned host memory, then an event (recorded
+        as an external event node when this runs inside a graph capture)."""
+        bs = acc.batch_size
+        for name, host in self._host.items():
+            host[:bs].copy_(getattr(acc, name), non_blocking=True)
+        self._event.record()
+        self._pending_bs = bs
 
-        On the CPU path the results are on the host as soon as ``accept`` returns, so this
-        never has to wait; it returns None before the first ``accept``.
+    def readback(self, wait: bool = False):
+        """Host copy of the last acceptance (``accept_len``, ``accepted_tokens``, ``bonus``):
+        None until the GPU has written it (never blocks), or, with ``wait=True``, after
+        blocking on its event (not inside a graph capture). The tensors are views of pinned
+        buffers that the next ``accept`` overwrites.
+
+        On the CPU path the results are on the host as soon as ``accept`` returns.
         """
         self._check_open()
         if self._acc is None:
             return None
-        acc = self._acc
-        return {
-            "accept_len": acc.accept_len,
-            "accepted_tokens": acc.accepted_tokens,
-            "bonus": acc.bonus,
-        }
+        if self.device.type != "cuda":
+            acc = self._acc
+            return {name: getattr(acc, name) for name in _READBACK}
+        if wait:
+            self._event.synchronize()
+        elif not self._event.query():
+            return None
+        bs = self._pending_bs
+        return {name: self._host[name][:bs] for name in _READBACK}
+
+    def kept_slots(self, out_cache_loc):
+        """SPEC stage 5 for the last acceptance: the kept KV slots ``[bs, L+1]`` in path
+        order (−1 padded) and the release mask ``[bs, Q]``, as views of static buffers."""
+        acc = self._last_acceptance("kept_slots")
+        if self.device.type != "cuda":
+            return _commit.kept_slots(acc, out_cache_loc)
+        bs = acc.batch_size
+        kept, release = self._kept[:bs], self._release[:bs]
+        return _commit.kept_slots(acc, out_cache_loc, kept=kept, release=release)
+
+    def register_caches(self, caches) -> None:
+        """The paged KV caches ``compact_kv`` moves rows in (each ``[slots, ...]``, rows
+        contiguous and of one size): their device address table is built once, here."""
+        self._check_open()
+        self._caches = _commit.CacheTable(caches, self.device)
+
+    def compact_kv(self, out_cache_loc) -> None:
+        """Moves, in every registered cache, each request's accepted rows to the first
+        ``accept_len`` slots of its verify window (one launch; sources read first)."""
+        acc = self._last_acceptance("compact_kv")
+        if self._caches is None:
+            raise RuntimeError("Stepper.compact_kv: call register_caches() first")
+        _commit.compact_kv(acc, out_cache_loc, self._caches)
+
+    def gather_hidden(self, hidden, out):
+        """The accepted nodes' hidden rows ``[bs*Q, H]`` → ``out`` ``[bs, L+1, H]`` in path
+        order (zeros past each path); ``accept_len`` counts the real rows."""
+        acc = self._last_acceptance("gather_hidden")
+        return _commit.gather_hidden(acc, hidden, out=out)
+
+    def _last_acceptance(self, what: str) -> Acceptance:
+        self._check_open()
+        if self._acc is None:
+            raise RuntimeError(f"Stepper.{what}: call accept() first")
+        return self._acc
 
     def close(self) -> None:
         """Releases the static buffers; the Stepper cannot be used afterwards."""
@@ -124,6 +217,7 @@ class Stepper:
         self._tree = self._acc = None
         self._plans.clear()
         self._scratch = {}
+        self._sampling = self._host = self._caches = None
 
     def _check_open(self) -> None:
         if self._tree_bufs is None:

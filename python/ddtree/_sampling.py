@@ -1,0 +1,87 @@
+"""Device state of the GPU sampling accept: per-request parameters and the generator.
+
+The kernel reads everything from device memory, so a captured graph replays with whatever
+values were last written here, and the generator's offset advances on the device after
+every accept: each replay draws fresh numbers, and a seed reproduces a run.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+SEED_MASK = (1 << 63) - 1
+
+
+def _check_scalar(name: str, value, kind) -> None:
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise TypeError(f"{name}: expected None, a number or a tensor, got {type(value).__name__}")
+    if name == "temperature" and not (math.isfinite(value) and value >= 0):
+        raise ValueError("temperature: must be finite and ≥ 0")
+    if name == "top_p" and not (0 < value <= 1):
+        raise ValueError("top_p: must be in (0, 1]")
+    if name == "top_k" and value < 0:
+        raise ValueError("top_k: must be ≥ 0 (0 = off)")
+
+
+def is_greedy(temperature) -> bool:
+    """True when no request samples: temperature None or a scalar 0 (a tensor may hold
+    any mix, so it always takes the sampling kernel, which is greedy where it is 0)."""
+    if temperature is None:
+        return True
+    if isinstance(temperature, torch.Tensor):
+        return False
+    _check_scalar("temperature", temperature, numbers.Real)
+    return temperature == 0
+
+
+class SamplingState:
+    """float32 temperature, int32 top_k and float32 top_p ``[n]``, and int64 ``[2]``
+    (seed, offset), on one device. ``load`` writes them with device-side fills and copies
+    only: no sync, no allocation."""
+
+    def __init__(self, n: int, device: torch.device, seed: int = 0):
+        self.n = n
+        self.device = device
+        self.temperature = torch.zeros(n, dtype=torch.float32, device=device)
+        self.top_k = torch.zeros(n, dtype=torch.int32, device=device)
+        self.top_p = torch.ones(n, dtype=torch.float32, device=device)
+        self.rng = torch.zeros(2, dtype=torch.int64, device=device)
+        self.reseed(seed)
+
+    def reseed(self, seed: int) -> None:
+        self.rng[0].fill_(int(seed) & SEED_MASK)
+        self.rng[1].fill_(0)
+
+    def load(self, bs: int, temperature, top_k, top_p) -> None:
+        """Per-request values: scalars (checked here) or ``[bs]`` tensors on this device
+        (their values are the kernel's: temperature ≤ 0 or NaN is greedy, top_k ≤ 0 or ≥ V
+        and top_p ≥ 1 are off; checking them here would sync)."""
+        for name, buf, value, default, kind in (
+            ("temperature", self.temperature, temperature, 0.0, numbers.Real),
+            ("top_k", self.top_k, top_k, 0, numbers.Integral),
+            ("top_p", self.top_p, top_p, 1.0, numbers.Real),
+        ):
+            part = buf[:bs]
+            if isinstance(value, torch.Tensor):
+                if tuple(value.shape) != (bs,):
+                    raise ValueError(
+                        f"{name}: must be a scalar or a [{bs}] tensor, got {list(value.shape)}"
+                    )
+                if value.device != self.device:
+                    raise ValueError(f"{name}: tensor on {value.device}, expected {self.device}")
+                part.copy_(value)
+            else:
+                if value is not None:
+                    _check_scalar(name, value, kind)
+                part.fill_(default if value is None else value)
+
+    def pointers(self) -> dict:
+        return {
+            "temperature": self.temperature.data_ptr(),
+            "top_k": self.top_k.data_ptr(),
+            "top_p": self.top_p.data_ptr(),
+            "rng": self.rng.data_ptr(),
+        }

@@ -1,0 +1,338 @@
+"""``python -m ddtree bench --loop``: the seed's experiment — a synthetic DDTree decode loop
+on the GPU in three modes, measured in one run, to show where the GPU waits for the host.
+
+Per round: a draft forward and a verify forward stood in for by bf16 GEMMs of a chosen GPU
+time (``--draft-ms``, ``--verify-ms``), draft logits drawn from a pool of DFlash-like rows,
+and target logits that accept each request's first-child chain down to a random depth of
+3–7 (so 4–8 tokens per round, like DFlash). Modes:
+
+1. ``cpu``: what SGLang does today — torch top-K + logsumexp, copy to host, a Python heap
+   and verify inputs per request, copy back; after verify, argmax on the GPU, ``.cpu()``,
+   a host walk, the bonus copied back;
+2. ``eager``: ``Stepper.step()`` and ``Stepper.accept()`` between the forwards, the
+   acceptance read back one round late with ``Stepper.readback()``;
+3. ``graph``: the whole round (draft, build, verify, accept, readback copy) as one CUDA
+   graph, replayed.
+
+Per mode: wall time per round, GPU busy time per round and the GPU idle fraction (union of
+kernel and copy intervals from the torch profiler over ``--profile-rounds`` rounds), host
+syncs per round (torch's sync-debug warnings), and how far the host runs ahead (rounds
+enqueued but not finished when the host finishes enqueuing one). ``--plot FILE.png`` draws
+GPU busy vs idle over time for the three modes (matplotlib; without it, the intervals are
+written to FILE.json and ``--plot-from FILE.json --plot FILE.png`` draws them elsewhere).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+import time
+import warnings
+
+import numpy as np
+import torch
+
+from . import reference
+from .bench_gpu import peaked_logits
+from .stepper import Stepper
+
+MODES = ("cpu", "eager", "graph")
+AHEAD = 2  # rounds the host may run ahead before it waits on an older round's event
+
+
+class Model:
+    """GEMM stand-ins of the draft and verify forwards, and the synthetic logits."""
+
+    def __init__(self, args, dev):
+        self.args = args
+        self.dev = dev
+        n = 4096
+        self.a = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
+        self.b = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
+        self.c = torch.empty(n, n, device=dev, dtype=torch.bfloat16)
+        per = self._gemm_ms()
+        self.draft_reps = max(1, round(args.draft_ms / per))
+        self.verify_reps = max(1, round(args.verify_ms / per))
+        bs, depth, vocab, q = args.bs, args.depth, args.vocab, args.budget + 1
+        self.pool = [peaked_logits(bs, depth, vocab, seed, dev) for seed in range(4)]
+        self.x = torch.empty_like(self.pool[0])
+        g = torch.Generator(device=dev).manual_seed(1)
+        self.depth_pool = torch.randint(3, 8, (16, bs), device=dev, generator=g)
+        self.accept_depth = torch.empty(bs, dtype=torch.int64, device=dev)
+        self.noise_tokens = torch.randint(0, vocab, (bs, q), device=dev, generator=g)
+        self.target = torch.randn(bs, q, vocab, device=dev, generator=g).to(torch.bfloat16)
+        self.flat = self.target.view(-1)
+        self.peak_at = torch.zeros(bs * q, dtype=torch.int64, device=dev)
+        self.peak_was = self.flat[self.peak_at].clone()
+        self.row_base = torch.arange(bs * q, device=dev).view(bs, q) * vocab
+
+    def _gemm_ms(self) -> float:
+        for _ in range(3):
+            torch.matmul(self.a, self.b, out=self.c)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(10):
+            torch.matmul(self.a, self.b, out=self.c)
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 10
+
+    def feed(self, r: int) -> None:
+        """This round's inputs: a pool entry of draft logits and the acceptance depths."""
+        self.x.copy_(self.pool[r % len(self.pool)])
+        self.accept_depth.copy_(self.depth_pool[r % len(self.depth_pool)])
+
+    def draft(self) -> None:
+        for _ in range(self.draft_reps):
+            torch.matmul(self.a, self.b, out=self.c)
+
+    def verify(self, verify_ids, first_child, depths) -> torch.Tensor:
+        """The verify GEMMs, then target logits whose argmax at each node is its first
+        child's token above the round's acceptance depth (noise below): the walk accepts
+        the first-child chain. Touches only [bs, Q] entries of the static logits."""
+        for _ in range(self.verify_reps):
+            torch.matmul(self.a, self.b, out=self.c)
+        self.flat.index_copy_(0, self.peak_at, self.peak_was)  # undo the last round's peaks
+        child = first_child.clamp(min=0)
+        follow = (first_child >= 0) & (depths < self.accept_depth.unsqueeze(1))
+        tokens = torch.where(follow, torch.gather(verify_ids, 1, child), self.noise_tokens)
+        self.peak_at.copy_((self.row_base + tokens).view(-1))
+        self.peak_was.copy_(self.flat[self.peak_at])
+        self.flat.index_fill_(0, self.peak_at, 30.0)
+        return self.target
+
+
+class LoopState:
+    """Roots and prefix lengths carried from round to round on the device."""
+
+    def __init__(self, bs, vocab, dev):
+        self.roots = torch.randint(0, vocab, (bs,), device=dev)
+        self.prefix = torch.full((bs,), 100, dtype=torch.int64, device=dev)
+
+
+def stepper_round(model: Model, stepper: Stepper, st: LoopState) -> None:
+    """Modes 2 and 3: draft, build, verify, accept (+ readback copy), next roots."""
+    model.draft()
+    tree = stepper.step(model.x, st.roots, st.prefix)
+    target = model.verify(tree.verify_ids, tree.first_child, tree.depths)
+    acc = stepper.accept(target)
+    st.prefix.add_(acc.accept_len)
+    st.roots.copy_(acc.bonus)
+
+
+def cpu_round(model: Model, st: LoopState, budget: int) -> None:
+    """Mode 1: SGLang's CPU path around the same forwards."""
+    model.draft()
+    dev = model.x.device
+    k = min(budget, model.x.shape[2])
+    xf = model.x.float()
+    top = torch.topk(xf, k, dim=-1)
+    lp = (top.values - torch.logsumexp(xf, dim=-1, keepdim=True)).cpu().numpy()
+    ids = top.indices.cpu().numpy()
+    roots, prefix = st.roots.tolist(), st.prefix.tolist()
+    trees = []
+    for b in range(len(roots)):
+        nodes = reference.select(lp[b], np.isfinite(lp[b]).sum(axis=1), budget)
+        trees.append(reference.emit(nodes, ids[b], roots[b], prefix[b], budget))
+    host = {key: np.stack([t[key] for t in trees]) for key in trees[0]}
+    verify_ids = torch.from_numpy(host["verify_ids"]).to(dev)
+    first_child = torch.from_numpy(host["first_child"]).to(dev)
+    depths = torch.from_numpy(host["depths"]).to(dev)
+    torch.from_numpy(host["positions"]).to(dev)  # the verify inputs SGLang copies back
+    torch.from_numpy(host["parents"]).to(dev)
+    target = model.verify(verify_ids, first_child, depths)
+    posterior = target.argmax(dim=-1).cpu().numpy()
+    bonus, lens = [], []
+    for b, t in enumerate(trees):
+        node, n = 0, 1
+        while True:
+            want, child = posterior[b, node], t["first_child"][node]
+            while child >= 0 and t["verify_ids"][child] != want:
+                child = t["next_sibling"][child]
+            if child < 0 or n == model.x.shape[1] + 1:
+                break
+            node, n = child, n + 1
+        bonus.append(int(posterior[b, node]))
+        lens.append(n)
+    st.roots.copy_(torch.tensor(bonus))
+    st.prefix.add_(torch.tensor(lens).to(dev))
+
+
+def make_runner(mode: str, model: Model, args, dev):
+    """One round of `mode` as a callable, and the Stepper (None in mode 1)."""
+    st = LoopState(args.bs, args.vocab, dev)
+    if mode == "cpu":
+        return (lambda: cpu_round(model, st, args.budget)), None
+    stepper = Stepper(args.bs, args.budget, args.depth, args.vocab, device=dev)
+    if mode == "eager":
+        return (lambda: stepper_round(model, stepper, st)), stepper
+    stepper_round(model, stepper, st)  # warm-up outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        stepper_round(model, stepper, st)
+    return graph.replay, stepper
+
+
+def timed_rounds(run, model: Model, stepper, rounds: int) -> dict:
+    """Wall time per round, host syncs per round, rounds in flight, readbacks seen."""
+    ends, ahead, readbacks = [], [], 0
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        t0 = time.perf_counter()
+        for r in range(rounds):
+            model.feed(r)
+            run()
+            end = torch.cuda.Event()
+            end.record()
+            ends.append(end)
+            ahead.append(sum(not e.query() for e in ends[-AHEAD - 2 :]))
+            if stepper is not None and stepper.readback() is not None:
+                readbacks += 1
+            if len(ends) > AHEAD:
+                ends[-AHEAD - 1].synchronize()  # bound the host's lead, as a scheduler would
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    torch.cuda.set_sync_debug_mode("default")
+    syncs = sum("synchroniz" in str(w.message) for w in caught)
+    return {
+        "wall_ms": wall / rounds * 1e3,
+        "syncs": syncs / rounds,
+        "ahead": statistics.mean(ahead),
+        "readbacks": readbacks / rounds,
+    }
+
+
+def gpu_intervals(run, model: Model, rounds: int) -> list[tuple[float, float]]:
+    """(start, end) µs of every kernel, copy and fill over `rounds` rounds (torch profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for r in range(rounds):
+            model.feed(r)
+            run()
+        torch.cuda.synchronize()
+    out = []
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.elapsed_us() > 0:
+            out.append((float(e.time_range.start), float(e.time_range.end)))
+    return sorted(out)
+
+
+def busy_stats(intervals, rounds: int) -> dict:
+    """GPU busy time per round and idle fraction over the span of the GPU activity."""
+    if not intervals:
+        return {"busy_ms": float("nan"), "idle": float("nan"), "span_ms": float("nan")}
+    busy, cur_s, cur_e = 0.0, *intervals[0]
+    for s, e in intervals[1:]:
+        if s > cur_e:
+            busy += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    busy += cur_e - cur_s
+    span = intervals[-1][1] - intervals[0][0]
+    return {"busy_ms": busy / rounds / 1e3, "idle": 1 - busy / span, "span_ms": span / 1e3}
+
+
+def plot(timelines: dict, path: str) -> None:
+    """GPU busy (bars) vs idle (gaps) over time, one row per mode."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        dump = path.rsplit(".", 1)[0] + ".json"
+        with open(dump, "w") as f:
+            json.dump(timelines, f)
+        print(f"# no matplotlib here: intervals written to {dump} (draw with --plot-from)")
+        return
+    fig, axes = plt.subplots(len(timelines), 1, figsize=(12, 1.6 * len(timelines)), sharex=True)
+    for ax, (mode, spans) in zip(np.atleast_1d(axes), timelines.items(), strict=True):
+        t0 = spans[0][0] if spans else 0.0
+        bars = [((s - t0) / 1e3, (e - s) / 1e3) for s, e in spans]
+        ax.broken_barh(bars, (0, 1), facecolors="tab:green")
+        ax.set_yticks([])
+        ax.set_ylabel(mode, rotation=0, ha="right", va="center")
+        ax.set_facecolor("#f3d9d9")  # idle shows as the background
+    np.atleast_1d(axes)[-1].set_xlabel("ms (green: GPU busy; red: GPU idle)")
+    fig.suptitle("DDTree decode loop: GPU busy vs idle per mode")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"# plot written to {path}")
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(prog="python -m ddtree bench --loop")
+    p.add_argument("--bs", type=int, default=64)
+    p.add_argument("--budget", type=int, default=255)
+    p.add_argument("--depth", type=int, default=15)
+    p.add_argument("--vocab", type=int, default=151936)
+    p.add_argument("--rounds", type=int, default=200)
+    p.add_argument("--cpu-rounds", type=int, default=20, help="rounds of mode 1 (slow)")
+    p.add_argument("--profile-rounds", type=int, default=5)
+    p.add_argument("--draft-ms", type=float, default=2.0)
+    p.add_argument("--verify-ms", type=float, default=8.0)
+    p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    p.add_argument("--plot", default=None, help="write the busy/idle timeline PNG here")
+    p.add_argument("--plot-from", default=None, help="draw --plot from a saved JSON")
+    args, _ = p.parse_known_args(argv)
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    if args.plot_from:
+        with open(args.plot_from) as f:
+            plot(json.load(f), args.plot or args.plot_from.rsplit(".", 1)[0] + ".png")
+        return 0
+    if not torch.cuda.is_available():
+        print("bench --loop: no CUDA device here", file=sys.stderr)
+        return 2
+    dev = torch.device("cuda")
+    model = Model(args, dev)
+    print(
+        f"# ddtree decode loop, {datetime.datetime.now().isoformat(timespec='seconds')}, "
+        f"{torch.cuda.get_device_name()}, torch {torch.__version__}; bs={args.bs} "
+        f"B={args.budget} L={args.depth} V={args.vocab}; draft {model.draft_reps} GEMMs "
+        f"(~{args.draft_ms} ms), verify {model.verify_reps} GEMMs (~{args.verify_ms} ms); "
+        f"command: {' '.join(sys.argv)}"
+    )
+    rows, timelines = [], {}
+    for mode in args.modes:
+        print(f"... {mode}", file=sys.stderr, flush=True)
+        run, stepper = make_runner(mode, model, args, dev)
+        rounds = args.cpu_rounds if mode == "cpu" else args.rounds
+        row = {"mode": mode, "rounds": rounds, **timed_rounds(run, model, stepper, rounds)}
+        spans = gpu_intervals(run, model, args.profile_rounds)
+        row.update(busy_stats(spans, args.profile_rounds))
+        rows.append(row)
+        timelines[mode] = spans
+    print_rows(rows)
+    if args.plot:
+        plot(timelines, args.plot)
+    return 0
+
+
+def print_rows(rows) -> None:
+    print(
+        "mode | rounds | wall ms/round | GPU busy ms/round | GPU idle | host syncs/round | "
+        "rounds in flight | readbacks ready/round"
+    )
+    for r in rows:
+        print(
+            f"{r['mode']:>5} | {r['rounds']:>6} | {r['wall_ms']:>13.2f} | {r['busy_ms']:>17.2f} | "
+            f"{r['idle'] * 100:>7.1f}% | {r['syncs']:>16.1f} | {r['ahead']:>16.2f} | "
+            f"{r['readbacks']:>21.2f}"
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,220 @@
+"""The GPU round (SPEC stages 4–5): accept == the CPU path, sampling's distribution, the
+generator, commit kernels, readback, and a whole round captured in one graph.
+
+Marked `gpu`: skipped without CUDA. Run on the lent H200 by tests/gpu_run.sh.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_commit import children, random_round
+from test_sampling import CASES, chi_square, chi_square_limit, filtered, first_new_tokens
+
+import ddtree
+from ddtree import Tree
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+DEV = "cuda"
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def on(tree: Tree, device) -> Tree:
+    return Tree(**{name: getattr(tree, name).to(device) for name in tree.__dataclass_fields__})
+
+
+def planted_target(rng, tree: Tree, vocab: int, dtype, strided: bool) -> torch.Tensor:
+    """Target logits whose posteriors follow a random child (often not the first) for a
+    random number of steps, over bf16-like ties elsewhere (3 padding columns if strided)."""
+    bs, q = tree.verify_ids.shape
+    base = rng.integers(-4, 4, size=(bs, q, vocab + (3 if strided else 0))) * 0.5
+    target = torch.from_numpy(base).to(dtype)
+    cpu = on(tree, "cpu")
+    for b in range(bs):
+        node = 0
+        for _ in range(int(rng.integers(0, 8))):
+            kids = children(cpu, b, node)
+            if not kids:
+                break
+            child = kids[int(rng.integers(len(kids)))]
+            target[b, node, cpu.verify_ids[b, child] + (2 if strided else 0)] = 9.0
+            node = child
+    return target  # strided: the caller views [..., 2 : 2 + vocab] on each device
+
+
+@pytest.mark.parametrize("chunk", range(4))
+def test_greedy_accept_equals_the_cpu_path(chunk):
+    """4 x 40 batches of up to 12 requests: over 1000 random trees and posteriors."""
+    rng = np.random.default_rng(100 + chunk)
+    trees = 0
+    for case in range(40):
+        bs = int(rng.integers(1, 13))
+        depth = int(rng.integers(1, 9))
+        vocab = int(rng.choice([3, 16, 300, 5000]))
+        budget = int(rng.choice([1, 7, 40, 255]))  # small vocabularies leave pads
+        x = torch.from_numpy(rng.standard_normal((bs, depth, vocab)) * 3).float()
+        roots = torch.from_numpy(rng.integers(0, vocab, bs))
+        prefix = torch.from_numpy(rng.integers(0, 100, bs))
+        tree = ddtree.build_tree(x.to(DEV), roots.to(DEV), prefix.to(DEV), budget=budget)
+        dtype = DTYPES[case % 3]
+        strided = case % 4 == 1
+        full = planted_target(rng, tree, vocab, dtype, strided)
+        off = 2 if strided else 0
+        gpu_target = full.to(DEV)[:, :, off : off + vocab]
+        gpu = ddtree.accept_tree(tree, gpu_target)
+        cpu = ddtree.accept_tree(on(tree, "cpu"), full[:, :, off : off + vocab])
+        for name in cpu.__dataclass_fields__:
+            assert torch.equal(getattr(gpu, name).cpu(), getattr(cpu, name)), (case, name)
+        trees += bs
+    assert trees >= 250
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", CASES)
+def test_gpu_sampling_follows_the_filtered_distribution(temperature, top_k, top_p):
+    tokens = first_new_tokens(
+        40_000, 11, device=DEV, temperature=temperature, top_k=top_k, top_p=top_p
+    )
+    stat, df = chi_square(tokens, filtered(temperature, top_k, top_p))
+    assert stat < chi_square_limit(max(df, 1)), stat
+
+
+def test_gpu_chi_square_catches_a_wrong_temperature_or_top_p():
+    tokens = first_new_tokens(40_000, 5, device=DEV, temperature=1.0)
+    stat, df = chi_square(tokens, filtered(1.3, None, None))
+    assert stat > chi_square_limit(df)
+    tokens = first_new_tokens(40_000, 5, device=DEV, temperature=1.0, top_p=0.8)
+    with pytest.raises(AssertionError, match="filtered-out"):
+        chi_square(tokens, filtered(1.0, None, 0.6))  # one token fewer
+
+
+def test_same_seed_same_draws_and_replays_draw_fresh_numbers():
+    a = first_new_tokens(4000, 7, device=DEV, temperature=1.0)
+    b = first_new_tokens(4000, 7, device=DEV, temperature=1.0)
+    c = first_new_tokens(4000, 8, device=DEV, temperature=1.0)
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
+    stepper, x, roots, prefix, target = small_round(bs=512, vocab=8)
+    stepper.step(x, roots, prefix)
+    first = stepper.accept(target, temperature=1.0, generator=3).bonus.clone()
+    second = stepper.accept(target, temperature=1.0).bonus.clone()  # offset advanced
+    again = stepper.accept(target, temperature=1.0, generator=3).bonus.clone()
+    assert torch.equal(first, again) and not torch.equal(first, second)
+
+
+def test_mixed_greedy_and_sampled_requests():
+    stepper, x, roots, prefix, target = small_round(bs=64, vocab=50)
+    tree = stepper.step(x, roots, prefix)
+    greedy = ddtree.accept_tree(on(tree, "cpu"), target.cpu())
+    temps = torch.zeros(64, device=DEV)
+    temps[1::2] = 1.0
+    acc = stepper.accept(target, temperature=temps, top_p=torch.full((64,), 0.9, device=DEV))
+    assert torch.equal(acc.bonus[0::2].cpu(), greedy.bonus[0::2])
+
+
+def small_round(bs=8, depth=6, vocab=300, budget=63, seed=0):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    x = (torch.randn(bs, depth, vocab, device=DEV, generator=g) * 3).to(torch.bfloat16)
+    roots = torch.randint(0, vocab, (bs,), device=DEV, generator=g)
+    prefix = torch.randint(0, 50, (bs,), device=DEV, generator=g)
+    target = torch.randn(bs, budget + 1, vocab, device=DEV, generator=g).to(torch.bfloat16)
+    stepper = ddtree.Stepper(max_batch=bs, budget=budget, depth=depth, vocab=vocab, device=DEV)
+    return stepper, x, roots, prefix, target
+
+
+def test_commit_kernels_equal_the_cpu_path():
+    rng = np.random.default_rng(9)
+    tree, acc, window, slots = random_round(rng, bs=6)
+    gacc = ddtree.Acceptance(**{n: getattr(acc, n).to(DEV) for n in acc.__dataclass_fields__})
+    gwin = window.to(DEV)
+    kept, release = ddtree.kept_slots(acc, window)
+    gkept, grelease = ddtree.kept_slots(gacc, gwin)
+    assert torch.equal(gkept.cpu(), kept) and torch.equal(grelease.cpu(), release)
+    layouts = (((4, 64), torch.bfloat16), ((1, 576), torch.bfloat16), ((3, 5), torch.float32))
+    for shape, dtype in layouts:
+        caches = [torch.randn(slots, *shape).to(dtype) for _ in range(4)]
+        gcaches = [c.to(DEV) for c in caches]
+        ddtree.compact_kv(acc, window, caches)
+        ddtree.compact_kv(gacc, gwin, gcaches)
+        for c, gc in zip(caches, gcaches, strict=True):
+            assert torch.equal(gc.cpu(), c)
+    q = tree.verify_ids.shape[1]
+    hidden = torch.randn(6 * q, 3000).to(torch.bfloat16)
+    want = ddtree.gather_hidden(acc, hidden)
+    got = ddtree.gather_hidden(gacc, hidden.to(DEV))
+    assert torch.equal(got.cpu(), want)
+
+
+def verify_stand_in(tree: Tree, base: torch.Tensor) -> torch.Tensor:
+    """A verify forward's stand-in: target logits that accept each request's first-child
+    chain (torch ops only, capturable)."""
+    target = base.clone()
+    child = tree.first_child.clamp(min=0)
+    tokens = torch.gather(tree.verify_ids, 1, child)
+    target.scatter_(2, tokens.unsqueeze(2), 30.0)
+    return target
+
+
+def test_a_whole_round_in_one_graph_replays_like_eager():
+    stepper, x, roots, prefix, base = small_round(bs=8, budget=63)
+    window = torch.arange(8 * 64, device=DEV).view(8, 64).flip(1).contiguous()
+    caches = [torch.randn(8 * 64, 2, 16, device=DEV) for _ in range(2)]
+    stepper.register_caches(caches)
+
+    def round_():
+        tree = stepper.step(x, roots, prefix)
+        acc = stepper.accept(verify_stand_in(tree, base))
+        kept, _ = stepper.kept_slots(window)
+        stepper.compact_kv(window)
+        return tree, acc, kept
+
+    round_()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _, acc, kept = round_()
+    for seed in range(1, 4):
+        _, nx_, nroots, nprefix, nbase = small_round(bs=8, budget=63, seed=seed)
+        x.copy_(nx_), roots.copy_(nroots), prefix.copy_(nprefix), base.copy_(nbase)
+        saved = [c.clone() for c in caches]
+        graph.replay()
+        replayed = {n: getattr(acc, n).clone() for n in acc.__dataclass_fields__}
+        host = stepper.readback(wait=True)
+        assert torch.equal(host["accept_len"], replayed["accept_len"].cpu())
+        assert torch.equal(host["bonus"], replayed["bonus"].cpu())
+        assert torch.equal(host["accepted_tokens"], replayed["accepted_tokens"].cpu())
+        after = [c.clone() for c in caches]
+        for c, s in zip(caches, saved, strict=True):
+            c.copy_(s)
+        _, eager, ekept = round_()
+        for n, v in replayed.items():
+            assert torch.equal(v, getattr(eager, n)), (seed, n)
+        assert torch.equal(kept, ekept)
+        for c, a in zip(caches, after, strict=True):
+            assert torch.equal(c, a)
+        assert (replayed["accept_len"] > 1).any()
+
+
+def test_readback_does_not_block_and_accept_never_syncs():
+    stepper, x, roots, prefix, target = small_round(bs=16, vocab=151936, budget=255, depth=15)
+    stepper.step(x, roots, prefix)
+    stepper.accept(target)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(5):
+            stepper.step(x, roots, prefix)
+            stepper.accept(target, temperature=0.8, top_k=50, top_p=0.9)
+            stepper.readback()  # may be None: it never waits
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    host = stepper.readback(wait=True)
+    assert host is not None and torch.equal(host["bonus"], stepper._acc.bonus.cpu())
+    stats = torch.cuda.memory_stats()["allocation.all.allocated"]
+    for _ in range(50):
+        stepper.step(x, roots, prefix)
+        stepper.accept(target, temperature=0.8, top_k=50, top_p=0.9)
+    assert torch.cuda.memory_stats()["allocation.all.allocated"] == stats
