@@ -159,43 +159,80 @@ def verify_stand_in(tree: Tree, base: torch.Tensor) -> torch.Tensor:
 
 
 def test_a_whole_round_in_one_graph_replays_like_eager():
+    """step, verify, accept, kept slots and compaction in the caller's own graph; replays
+    equal a second Stepper run eagerly on the same values, and readback sees each replay."""
     stepper, x, roots, prefix, base = small_round(bs=8, budget=63)
+    ref = ddtree.Stepper(max_batch=8, budget=63, depth=6, vocab=300, device=DEV)
     window = torch.arange(8 * 64, device=DEV).view(8, 64).flip(1).contiguous()
     caches = [torch.randn(8 * 64, 2, 16, device=DEV) for _ in range(2)]
     stepper.register_caches(caches)
 
-    def round_():
-        tree = stepper.step(x, roots, prefix)
-        acc = stepper.accept(verify_stand_in(tree, base))
-        kept, _ = stepper.kept_slots(window)
-        stepper.compact_kv(window)
-        return tree, acc, kept
+    def round_(s):
+        tree = s.step(x, roots, prefix)
+        acc = s.accept(verify_stand_in(tree, base))
+        kept, _ = s.kept_slots(window)
+        s.compact_kv(window)
+        return acc, kept
 
-    round_()
+    round_(stepper)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        _, acc, kept = round_()
+        acc, kept = round_(stepper)
     for seed in range(1, 4):
         _, nx_, nroots, nprefix, nbase = small_round(bs=8, budget=63, seed=seed)
         x.copy_(nx_), roots.copy_(nroots), prefix.copy_(nprefix), base.copy_(nbase)
-        saved = [c.clone() for c in caches]
+        ref_caches = [c.clone() for c in caches]
         graph.replay()
         replayed = {n: getattr(acc, n).clone() for n in acc.__dataclass_fields__}
         host = stepper.readback(wait=True)
-        assert torch.equal(host["accept_len"], replayed["accept_len"].cpu())
-        assert torch.equal(host["bonus"], replayed["bonus"].cpu())
-        assert torch.equal(host["accepted_tokens"], replayed["accepted_tokens"].cpu())
-        after = [c.clone() for c in caches]
-        for c, s in zip(caches, saved, strict=True):
-            c.copy_(s)
-        _, eager, ekept = round_()
+        for name in ("accept_len", "bonus", "accepted_tokens"):
+            assert torch.equal(host[name], replayed[name].cpu()), name
+        ref.register_caches(ref_caches)
+        eager, ekept = round_(ref)
         for n, v in replayed.items():
             assert torch.equal(v, getattr(eager, n)), (seed, n)
         assert torch.equal(kept, ekept)
-        for c, a in zip(caches, after, strict=True):
-            assert torch.equal(c, a)
+        for c, r in zip(caches, ref_caches, strict=True):
+            assert torch.equal(c, r)
         assert (replayed["accept_len"] > 1).any()
+
+
+def test_round_graphs_per_batch_size_bucket():
+    stepper, x, roots, prefix, base = small_round(bs=8, budget=63)
+    buckets = {}
+    for bs in (4, 8):
+        xb, rb, pb, tb = x[:bs].clone(), roots[:bs].clone(), prefix[:bs].clone(), base[:bs].clone()
+        graph = stepper.capture(xb, rb, pb, lambda tree, tb=tb: verify_stand_in(tree, tb))
+        buckets[bs] = (graph, xb, rb, pb, tb)
+    for seed in (5, 6):
+        _, nx_, nroots, nprefix, nbase = small_round(bs=8, budget=63, seed=seed)
+        for bs, (graph, xb, rb, pb, tb) in buckets.items():
+            xb.copy_(nx_[:bs]), rb.copy_(nroots[:bs]), pb.copy_(nprefix[:bs])
+            tb.copy_(nbase[:bs])
+            stepper.replay(bs)
+            replayed = graph.acc.accepted_tokens.clone()
+            host = stepper.readback(wait=True)
+            assert torch.equal(host["accepted_tokens"], replayed.cpu())
+            tree = ddtree.build_tree(xb, rb, pb, budget=63)
+            eager = ddtree.accept_tree(tree, verify_stand_in(tree, tb))
+            assert torch.equal(replayed, eager.accepted_tokens)
+
+
+def test_readback_ring_reports_an_older_round_while_the_host_runs_ahead():
+    stepper, x, roots, prefix, target = small_round(bs=16, vocab=151936, budget=255, depth=15)
+    seen = []
+    for _ in range(12):
+        stepper.step(x, roots, prefix)
+        stepper.accept(target)
+        host = stepper.readback()
+        if host is not None:
+            seen.append(host["round"])
+    torch.cuda.synchronize()
+    last = stepper.readback()
+    assert last is not None and last["round"] == 11
+    assert seen == sorted(seen) and len(set(seen)) == len(seen)
+    assert stepper.readback() is None  # nothing new since
 
 
 def test_readback_does_not_block_and_accept_never_syncs():

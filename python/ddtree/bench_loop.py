@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from . import reference
-from .bench_gpu import peaked_logits
+from .bench_gpu import graph_time_us, peaked_logits
 from .stepper import Stepper
 
 MODES = ("cpu", "eager", "graph")
@@ -113,14 +113,26 @@ class LoopState:
         self.prefix = torch.full((bs,), 100, dtype=torch.int64, device=dev)
 
 
+def verify_of(model: Model):
+    return lambda tree: model.verify(tree.verify_ids, tree.first_child, tree.depths)
+
+
+def advance(st: LoopState):
+    """Next round's roots and prefix lengths, on the device."""
+
+    def after(tree, acc):
+        st.prefix.add_(acc.accept_len)
+        st.roots.copy_(acc.bonus)
+
+    return after
+
+
 def stepper_round(model: Model, stepper: Stepper, st: LoopState) -> None:
-    """Modes 2 and 3: draft, build, verify, accept (+ readback copy), next roots."""
+    """Mode 2: draft, build, verify, accept (+ readback copy), next roots."""
     model.draft()
     tree = stepper.step(model.x, st.roots, st.prefix)
-    target = model.verify(tree.verify_ids, tree.first_child, tree.depths)
-    acc = stepper.accept(target)
-    st.prefix.add_(acc.accept_len)
-    st.roots.copy_(acc.bonus)
+    acc = stepper.accept(verify_of(model)(tree))
+    advance(st)(tree, acc)
 
 
 def cpu_round(model: Model, st: LoopState, budget: int) -> None:
@@ -169,12 +181,10 @@ def make_runner(mode: str, model: Model, args, dev):
     stepper = Stepper(args.bs, args.budget, args.depth, args.vocab, device=dev)
     if mode == "eager":
         return (lambda: stepper_round(model, stepper, st)), stepper
-    stepper_round(model, stepper, st)  # warm-up outside capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        stepper_round(model, stepper, st)
-    return graph.replay, stepper
+    stepper.capture(
+        model.x, st.roots, st.prefix, verify_of(model), before=model.draft, after=advance(st)
+    )
+    return (lambda: stepper.replay(args.bs)), stepper
 
 
 def timed_rounds(run, model: Model, stepper, rounds: int) -> dict:
@@ -269,6 +279,37 @@ def plot(timelines: dict, path: str) -> None:
     print(f"# plot written to {path}")
 
 
+def round_kernel_times(model: Model, args, dev) -> dict:
+    """GPU µs of stages 4–5 alone at this shape (median of graph replays): the greedy and
+    a sampling accept over this round's target, kept slots, compaction of 8 layers' K and
+    V caches ([slots, 8, 128] bf16), and the gather of [bs*Q, 4096] bf16 hidden states."""
+    st = LoopState(args.bs, args.vocab, dev)
+    stepper = Stepper(args.bs, args.budget, args.depth, args.vocab, device=dev)
+    model.feed(0)
+    tree = stepper.step(model.x, st.roots, st.prefix)
+    target = model.verify(tree.verify_ids, tree.first_child, tree.depths)
+    acc = stepper.accept(target)
+    q = args.budget + 1
+    slots = args.bs * q
+    window = torch.randperm(slots, device=dev).view(args.bs, q)
+    stepper.register_caches(
+        [torch.zeros(slots, 8, 128, dtype=torch.bfloat16, device=dev) for _ in range(16)]
+    )
+    hidden = torch.zeros(slots, 4096, dtype=torch.bfloat16, device=dev)
+    out = torch.empty(args.bs, args.depth + 1, 4096, dtype=torch.bfloat16, device=dev)
+    times = {
+        "accept_greedy": graph_time_us(lambda: stepper.accept(target), 50),
+        "accept_sampled": graph_time_us(
+            lambda: stepper.accept(target, temperature=0.8, top_k=50, top_p=0.9), 20
+        ),
+        "kept_slots": graph_time_us(lambda: stepper.kept_slots(window), 50),
+        "compact_8_layers": graph_time_us(lambda: stepper.compact_kv(window), 50),
+        "gather_hidden": graph_time_us(lambda: stepper.gather_hidden(hidden, out), 50),
+    }
+    times["mean_accept_len"] = float(acc.accept_len.double().mean())
+    return times
+
+
 def parse(argv):
     p = argparse.ArgumentParser(prog="python -m ddtree bench --loop")
     p.add_argument("--bs", type=int, default=64)
@@ -316,6 +357,10 @@ def main(argv=None) -> int:
         rows.append(row)
         timelines[mode] = spans
     print_rows(rows)
+    times = round_kernel_times(model, args, dev)
+    print("\n# stages 4-5 alone at this shape, GPU µs (median of graph replays)")
+    print(" | ".join(times))
+    print(" | ".join(f"{v:.1f}" for v in times.values()))
     if args.plot:
         plot(timelines, args.plot)
     return 0

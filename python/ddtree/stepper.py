@@ -16,6 +16,41 @@ class _Plan(NamedTuple):
 
 
 _READBACK = ("accept_len", "accepted_tokens", "bonus")
+READBACK_SLOTS = 4  # pinned readback buffers: how many accepts the host may run ahead
+
+
+class _Readback:
+    """One pinned host copy of an acceptance and the event that says it has landed."""
+
+    def __init__(self, n: int, path: int):
+        self.host = {
+            "accept_len": torch.empty(n, dtype=torch.int64, pin_memory=True),
+            "accepted_tokens": torch.empty(n, path, dtype=torch.int64, pin_memory=True),
+            "bonus": torch.empty(n, dtype=torch.int64, pin_memory=True),
+        }
+        self.event = _new_event()
+        self.stamp = -1  # which readback write this slot holds (-1: none yet)
+        self.bs = 0
+
+    def start(self, acc: Acceptance, stamp: int) -> None:
+        self.bs = acc.batch_size
+        for name, host in self.host.items():
+            host[: self.bs].copy_(getattr(acc, name), non_blocking=True)
+        self.event.record()
+        self.stamp = stamp
+
+    def result(self) -> dict:
+        out = {name: t[: self.bs] for name, t in self.host.items()}
+        out["round"] = self.stamp
+        return out
+
+
+class RoundGraph:
+    """A captured round (step → verify → accept) and the views its replays rewrite; run it
+    with ``Stepper.replay(bs)``."""
+
+    def __init__(self, graph, tree: Tree, acc: Acceptance, slot: _Readback):
+        self.graph, self.tree, self.acc, self.slot = graph, tree, acc, slot
 
 
 def _new_event():
@@ -69,18 +104,17 @@ class Stepper:
 
     def _cuda_round_state(self, seed: int) -> None:
         """Sampling state, readback pinned buffers and event, commit outputs (CUDA only)."""
-        self._sampling = self._host = self._event = None
-        self._pending_bs = None
+        self._sampling = None
+        self._ring: list[_Readback] = []
+        self._accepts = 0  # accepts issued (eager calls and captures)
+        self._stamp = -1  # readback writes issued (accepts and graph replays)
+        self._returned = -1  # stamp of the last readback returned
+        self._graphs: dict[int, RoundGraph] = {}
         if self.device.type != "cuda":
             return
         self._sampling = _sampling.SamplingState(self.max_batch, self.device, seed)
         n, path = self.max_batch, self.depth + 1
-        self._host = {
-            "accept_len": torch.empty(n, dtype=torch.int64, pin_memory=True),
-            "accepted_tokens": torch.empty(n, path, dtype=torch.int64, pin_memory=True),
-            "bonus": torch.empty(n, dtype=torch.int64, pin_memory=True),
-        }
-        self._event = _new_event()
+        self._ring = [_Readback(n, path) for _ in range(READBACK_SLOTS)]
         q = self.budget + 1
         self._kept = torch.empty(n, path, dtype=torch.int64, device=self.device)
         self._release = torch.empty(n, q, dtype=torch.bool, device=self.device)
@@ -146,19 +180,20 @@ class Stepper:
         return acc
 
     def _start_readback(self, acc: Acceptance) -> None:
-        """Async copies of the acceptance into pinned host memory, then an event (recorded
-        as an external event node when this runs inside a graph capture)."""
-        bs = acc.batch_size
-        for name, host in self._host.items():
-            host[:bs].copy_(getattr(acc, name), non_blocking=True)
-        self._event.record()
-        self._pending_bs = bs
+        """Async copies of the acceptance into the next pinned slot of a ring, then its
+        event (an external event node when this runs inside a graph capture). The ring lets
+        the host run a few rounds ahead and still find an older round's tokens ready."""
+        slot = self._ring[self._accepts % READBACK_SLOTS]
+        self._accepts += 1
+        self._stamp += 1
+        slot.start(acc, self._stamp)
 
     def readback(self, wait: bool = False):
-        """Host copy of the last acceptance (``accept_len``, ``accepted_tokens``, ``bonus``):
-        None until the GPU has written it (never blocks), or, with ``wait=True``, after
-        blocking on its event (not inside a graph capture). The tensors are views of pinned
-        buffers that the next ``accept`` overwrites.
+        """Host copy of an acceptance (``accept_len``, ``accepted_tokens``, ``bonus``, and
+        ``round``: which accept or ``replay``, counted from 0): the newest one the GPU has
+        finished and that was not returned before, or None (never blocks). ``wait=True``
+        blocks on the newest one's event (not inside a graph capture). Tensors are views of
+        pinned buffers, rewritten READBACK_SLOTS accepts later.
 
         On the CPU path the results are on the host as soon as ``accept`` returns.
         """
@@ -169,11 +204,69 @@ class Stepper:
             acc = self._acc
             return {name: getattr(acc, name) for name in _READBACK}
         if wait:
-            self._event.synchronize()
-        elif not self._event.query():
-            return None
-        bs = self._pending_bs
-        return {name: self._host[name][:bs] for name in _READBACK}
+            newest = max(self._ring, key=lambda s: s.stamp)
+            newest.event.synchronize()
+            self._returned = max(self._returned, newest.stamp)
+            return newest.result()
+        for slot in sorted(self._ring, key=lambda s: -s.stamp):
+            if slot.stamp <= self._returned:
+                break
+            if slot.event.query():
+                self._returned = slot.stamp
+                return slot.result()
+        return None
+
+    def capture(
+        self,
+        draft_logits,
+        root_tokens,
+        prefix_lens,
+        verify,
+        *,
+        before=None,
+        after=None,
+        **sampling,
+    ):
+        """Captures one round for this batch size — ``before()`` (e.g. the draft forward
+        that writes ``draft_logits``) → ``step`` → ``verify(tree)`` (the caller's verify
+        forward, returning target logits) → ``accept`` → ``after(tree, acc)`` (e.g. next
+        roots) — as a CUDA graph kept per batch-size bucket; ``replay(bs)`` runs it on new
+        values written into the same input tensors. Returns the ``RoundGraph`` (its
+        ``tree`` and ``acc`` are the views each replay rewrites)."""
+        self._check_open()
+        if self.device.type != "cuda":
+            raise ValueError("Stepper.capture: CUDA graphs need device='cuda'")
+        bs = draft_logits.shape[0]
+
+        def round_():
+            if before is not None:
+                before()
+            tree = self.step(draft_logits, root_tokens, prefix_lens)
+            acc = self.accept(verify(tree), **sampling)
+            if after is not None:
+                after(tree, acc)
+            return tree, acc
+
+        round_()  # warm-up outside capture (cuBLAS handles, caching allocator)
+        torch.cuda.synchronize(self.device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            tree, acc = round_()
+        slot = self._ring[(self._accepts - 1) % READBACK_SLOTS]  # the one the capture wrote
+        self._graphs[bs] = RoundGraph(graph, tree, acc, slot)
+        return self._graphs[bs]
+
+    def replay(self, bs: int):
+        """Replays the round captured for batch size ``bs``; returns its ``RoundGraph``."""
+        self._check_open()
+        graph = self._graphs.get(bs)
+        if graph is None:
+            raise ValueError(f"bs: no round captured for batch size {bs}; call capture() first")
+        graph.graph.replay()
+        self._stamp += 1
+        graph.slot.stamp = self._stamp  # the replay rewrote the slot the capture wrote
+        self._tree, self._acc = graph.tree, graph.acc
+        return graph
 
     def kept_slots(self, out_cache_loc):
         """SPEC stage 5 for the last acceptance: the kept KV slots ``[bs, L+1]`` in path
@@ -217,7 +310,8 @@ class Stepper:
         self._tree = self._acc = None
         self._plans.clear()
         self._scratch = {}
-        self._sampling = self._host = self._caches = None
+        self._sampling = self._caches = None
+        self._ring, self._graphs = [], {}
 
     def _check_open(self) -> None:
         if self._tree_bufs is None:

@@ -27,6 +27,28 @@ struct TargetRow {
   __device__ __forceinline__ float at(int i) const { return to_f32(p[i * stride]); }
 };
 
+// Calls f(id, value) for this thread's share of the row: 16-byte vector loads when the row
+// is contiguous and aligned (a row is hundreds of KB, read by one block: scalar 2-byte
+// loads leave it latency-bound), element loads otherwise.
+template <typename T, typename F>
+__device__ __forceinline__ void for_each_in_row(const TargetRow<T>& row, F f) {
+  int done = 0;
+  if (row.stride == 1 && reinterpret_cast<uintptr_t>(row.p) % 16 == 0) {
+    constexpr int kVec = 16 / sizeof(T);
+    const int chunks = row.V / kVec;
+    const uint4* vec = reinterpret_cast<const uint4*>(row.p);
+#pragma unroll 4
+    for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+      const uint4 v = __ldg(vec + c);
+      const T* e = reinterpret_cast<const T*>(&v);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) f(c * kVec + j, to_f32(e[j]));
+    }
+    done = chunks * kVec;
+  }
+  for (int i = done + threadIdx.x; i < row.V; i += blockDim.x) f(i, row.at(i));
+}
+
 __device__ __forceinline__ uint64_t order_key(float x, int id) {
   if (isnan(x)) x = -INFINITY;
   return static_cast<uint64_t>(float_key(x)) << kIdBits | (kIdMask - static_cast<uint64_t>(id));
@@ -74,11 +96,10 @@ __device__ __forceinline__ uint64_t block_sum_u64(uint64_t v, AcceptScratch& s) 
 template <typename T>
 __device__ uint64_t row_argmax_key(const TargetRow<T>& row, AcceptScratch& s) {
   uint64_t best = 0;
-#pragma unroll 8
-  for (int i = threadIdx.x; i < row.V; i += blockDim.x) {
-    const uint64_t k = order_key(row.at(i), i);
+  for_each_in_row(row, [&](int i, float x) {
+    const uint64_t k = order_key(x, i);
     best = k > best ? k : best;
-  }
+  });
   return block_max_u64(best, s);
 }
 
@@ -104,14 +125,13 @@ __device__ uint64_t select_by_weight(const TargetRow<T>& row, uint64_t floor, ui
     for (int i = threadIdx.x; i < 256; i += blockDim.x) s.hist[i] = 0;
     __syncthreads();
     const uint64_t high = shift == 48 ? 0 : ~0ull << (shift + 8);
-    for (int i = threadIdx.x; i < row.V; i += blockDim.x) {
-      const float x = row.at(i);
+    for_each_in_row(row, [&](int i, float x) {
       const uint64_t k = order_key(x, i);
       if (k >= floor && (k & high) == prefix) {
         const uint64_t wt = w.of(x);
         if (wt) atomicAdd(reinterpret_cast<unsigned long long*>(&s.hist[(k >> shift) & 255]), wt);
       }
-    }
+    });
     __syncthreads();
     if (threadIdx.x < kWarp) {  // lane l holds digits 255-8l .. 248-8l, highest first
       const int lane = threadIdx.x;
@@ -196,10 +216,9 @@ __device__ int sample_row(const TargetRow<T>& row, float temperature, int top_k,
   if (top_k > 0 && top_k < row.V) floor = select_by_weight(row, 0, top_k, count, s);
   if (top_p < 1.0f) {
     uint64_t total = 0;
-    for (int i = threadIdx.x; i < row.V; i += blockDim.x) {
-      const float x = row.at(i);
+    for_each_in_row(row, [&](int i, float x) {
       if (order_key(x, i) >= floor) total += mass.of(x);
-    }
+    });
     total = block_sum_u64(total, s);
     uint64_t target = static_cast<uint64_t>(ceil(static_cast<double>(top_p) * total));
     if (target == 0) target = 1;
@@ -208,15 +227,14 @@ __device__ int sample_row(const TargetRow<T>& row, float temperature, int top_k,
   // Gumbel-max over the kept tokens: an exact draw from their renormalised softmax(x / T).
   float best_score = -INFINITY;
   int best_id = key_id(best);
-  for (int i = threadIdx.x; i < row.V; i += blockDim.x) {
-    const float x = row.at(i);
-    if (order_key(x, i) < floor || !(x > -INFINITY)) continue;
+  for_each_in_row(row, [&](int i, float x) {
+    if (order_key(x, i) < floor || !(x > -INFINITY)) return;
     const float g = x * count.inv_temp + gumbel(stream, i);
     if (g > best_score || (g == best_score && i < best_id)) {
       best_score = g;
       best_id = i;
     }
-  }
+  });
   // Largest score, lowest id: pack (score key, ~id) and take the block maximum.
   const uint64_t packed = best_score > -INFINITY ? order_key(best_score, best_id) : 0;
   const uint64_t win = block_max_u64(packed, s);
