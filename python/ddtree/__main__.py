@@ -31,6 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"] and "--loop" in argv:  # the loop has its own flags
+        from . import bench_loop
+
+        return bench_loop.main([a for a in argv[1:] if a != "--loop"])
     args = build_parser().parse_args(argv)
     args.argv = list(argv)  # the benchmark prints the exact command line it ran
     return args.run(args)
