@@ -64,32 +64,25 @@ __device__ __forceinline__ uint64_t warp_max_u64(uint64_t v) {
   return v;
 }
 
+__device__ __forceinline__ uint64_t warp_sum_u64(uint64_t v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
 struct AcceptScratch {
-  uint64_t max[kWarp];
+  uint64_t reduce[kWarp];  // block_reduce's per-warp slots
   uint64_t hist[256];
-  uint64_t total[kWarp];
-  uint64_t pick_key;
+  int pick_digit;
   uint64_t pick_before;
   int next;
 };
 
 __device__ __forceinline__ uint64_t block_max_u64(uint64_t v, AcceptScratch& s) {
-  v = warp_max_u64(v);
-  __syncthreads();
-  if (threadIdx.x % kWarp == 0) s.max[threadIdx.x / kWarp] = v;
-  __syncthreads();
-  v = threadIdx.x % kWarp < blockDim.x / kWarp ? s.max[threadIdx.x % kWarp] : 0;
-  return warp_max_u64(v);
+  return block_reduce(v, s.reduce, uint64_t{0}, warp_max_u64);
 }
 
 __device__ __forceinline__ uint64_t block_sum_u64(uint64_t v, AcceptScratch& s) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  __syncthreads();
-  if (threadIdx.x % kWarp == 0) s.total[threadIdx.x / kWarp] = v;
-  __syncthreads();
-  v = threadIdx.x % kWarp < blockDim.x / kWarp ? s.total[threadIdx.x % kWarp] : 0;
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
+  return block_reduce(v, s.reduce, uint64_t{0}, warp_sum_u64);
 }
 
 // The greedy posterior: the largest order key of the row.
@@ -133,44 +126,9 @@ __device__ uint64_t select_by_weight(const TargetRow<T>& row, uint64_t floor, ui
       }
     });
     __syncthreads();
-    if (threadIdx.x < kWarp) {  // lane l holds digits 255-8l .. 248-8l, highest first
-      const int lane = threadIdx.x;
-      uint64_t sum = 0;
-      for (int i = 0; i < 8; ++i) sum += s.hist[255 - 8 * lane - i];
-      uint64_t incl = sum;
-      for (int o = 1; o < kWarp; o <<= 1) {
-        const uint64_t v = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += v;
-      }
-      uint64_t run = incl - sum;
-      int found = -1;
-      uint64_t before = 0;
-      for (int i = 0; i < 8; ++i) {
-        const int digit = 255 - 8 * lane - i;
-        const uint64_t h = s.hist[digit];
-        if (found < 0 && h > 0 && run < target && target <= run + h) {
-          found = digit;
-          before = run;
-        }
-        run += h;
-      }
-      // The crossing digit is unique; if rounding left the target above every digit's total
-      // (never for counts), the last token with weight wins.
-      const unsigned has = __ballot_sync(0xffffffffu, found >= 0);
-      if (has != 0 && lane == __ffs(has) - 1) {
-        s.pick_key = static_cast<uint64_t>(found);
-        s.pick_before = before;
-      }
-      if (has == 0 && lane == 0) {
-        int last = 0;  // lowest nonempty digit
-        for (int d = 0; d < 256; ++d)
-          if (s.hist[d] > 0) { last = d; break; }
-        s.pick_key = static_cast<uint64_t>(last);
-        s.pick_before = 0;
-      }
-    }
+    if (threadIdx.x < kWarp) warp_crossing_digit(s.hist, target, &s.pick_digit, &s.pick_before);
     __syncthreads();
-    prefix |= s.pick_key << shift;
+    prefix |= static_cast<uint64_t>(s.pick_digit) << shift;
     target -= s.pick_before;
     if (target == 0) target = 1;
     __syncthreads();

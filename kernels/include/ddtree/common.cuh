@@ -95,4 +95,48 @@ __device__ __forceinline__ int block_inclusive_scan(int v, int* scratch, int* to
   return v + before;
 }
 
+// One step of an 8-bit radix select, run by the 32 lanes of one warp: over 256 digit bins
+// taken highest digit first, the digit at which the running total first reaches `need`
+// (>= 1), and the total in the higher digits, stored by the one lane that finds it. When
+// rounding left `need` above every bin's total (fixed-point weights only; never for counts),
+// the lowest nonempty digit, with nothing before it.
+template <typename T>
+__device__ void warp_crossing_digit(const T* hist, T need, int* digit_out, T* before_out) {
+  const int lane = threadIdx.x % kWarp;  // lane l holds digits 255-8l down to 248-8l
+  T sum = 0;
+  for (int i = 0; i < 8; ++i) sum += hist[255 - 8 * lane - i];
+  T incl = sum;
+  for (int o = 1; o < kWarp; o <<= 1) {
+    const T v = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += v;
+  }
+  T run = incl - sum;  // the total in higher digits than this lane's
+  int found = -1;
+  T before = 0;
+  for (int i = 0; i < 8; ++i) {
+    const int digit = 255 - 8 * lane - i;
+    const T h = hist[digit];
+    if (found < 0 && run < need && need <= run + h) {
+      found = digit;
+      before = run;
+    }
+    run += h;
+  }
+  const unsigned has = __ballot_sync(0xffffffffu, found >= 0);
+  if (has != 0 && lane == __ffs(has) - 1) {
+    *digit_out = found;
+    *before_out = before;
+  }
+  if (has == 0 && lane == 0) {
+    int last = 0;
+    for (int d = 0; d < 256; ++d)
+      if (hist[d] > 0) {
+        last = d;
+        break;
+      }
+    *digit_out = last;
+    *before_out = 0;
+  }
+}
+
 }  // namespace ddtree

@@ -354,25 +354,7 @@ __device__ uint64_t kth_largest_key(Store s, int n, int k, int* above, int* ties
     for (int i = 0; i < kStoreItems; ++i)
       if (keys[i] != 0 && (keys[i] & high) == prefix) atomicAdd(&hist[(keys[i] >> shift) & 255], 1);
     __syncthreads();
-    if (threadIdx.x < kWarp) {  // lane l holds digits 255-8l down to 248-8l
-      const int lane = threadIdx.x;
-      int sum = 0;
-      for (int i = 0; i < 8; ++i) sum += hist[255 - 8 * lane - i];
-      int incl = sum;
-      for (int o = 1; o < kWarp; o <<= 1) {
-        const int v = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += v;
-      }
-      int run = incl - sum;  // keys in higher digits than this lane's
-      for (int i = 0; i < 8; ++i) {
-        const int digit = 255 - 8 * lane - i, h = hist[digit];
-        if (run < need && need <= run + h) {
-          bs.pick[0] = digit;
-          bs.pick[1] = run;
-        }
-        run += h;
-      }
-    }
+    if (threadIdx.x < kWarp) warp_crossing_digit(hist, need, &bs.pick[0], &bs.pick[1]);
     __syncthreads();
     const int digit = bs.pick[0];
     prefix |= static_cast<uint64_t>(digit) << shift;
