@@ -47,10 +47,8 @@ def kept_slots(acc: Acceptance, out_cache_loc, *, kept=None, release=None):
     release = _out("release", release, (bs, q), torch.bool, w.device)
     nodes = acc.accepted_nodes
     if w.device.type == "cuda":
-        index = _cuda.device_index(w.device)
         _core.cuda_kept_slots(
-            index,
-            _cuda.raw_stream(index),
+            *_cuda.launch_on(w.device),
             bs,
             q,
             acc.path_len,
@@ -104,10 +102,8 @@ def compact_kv(acc: Acceptance, out_cache_loc, caches) -> None:
     table = caches if isinstance(caches, CacheTable) else CacheTable(caches, w.device)
     bs, q = w.shape
     if w.device.type == "cuda":
-        index = _cuda.device_index(w.device)
         _core.cuda_compact_kv(
-            index,
-            _cuda.raw_stream(index),
+            *_cuda.launch_on(w.device),
             bs,
             q,
             acc.path_len,
@@ -143,10 +139,8 @@ def gather_hidden(acc: Acceptance, hidden, *, out=None) -> torch.Tensor:
     out = _out("out", out, (bs, path_len, *hidden.shape[1:]), hidden.dtype, hidden.device)
     nodes = acc.accepted_nodes
     if hidden.device.type == "cuda":
-        index = _cuda.device_index(hidden.device)
         _core.cuda_gather_hidden(
-            index,
-            _cuda.raw_stream(index),
+            *_cuda.launch_on(hidden.device),
             bs,
             q,
             path_len,

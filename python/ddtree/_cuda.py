@@ -24,6 +24,12 @@ def raw_stream(index: int) -> int:
     return get(index) if get is not None else torch.cuda.current_stream(index).cuda_stream
 
 
+def launch_on(device: torch.device) -> tuple[int, int]:
+    """(device index, PyTorch's current raw stream there): where a kernel launches."""
+    index = device_index(device)
+    return index, raw_stream(index)
+
+
 def prepare(device: torch.device) -> None:
     """Loads the kernels on ``device`` (not allowed later, inside a graph capture)."""
     _core.cuda_prepare(device_index(device))
@@ -77,10 +83,8 @@ def build_into(tree: Tree, draft_logits, root_tokens, prefix_lens, budget, k, sc
 
 def full_mask(ancestor_bits, seq_lens, out, write_prefix: bool) -> None:
     bs, q, _ = ancestor_bits.shape
-    index = device_index(ancestor_bits.device)
     _core.cuda_full_mask(
-        index,
-        raw_stream(index),
+        *launch_on(ancestor_bits.device),
         ancestor_bits.data_ptr(),
         seq_lens.data_ptr(),
         bs,
@@ -97,10 +101,8 @@ ACCEPT_FIELDS = ("accepted_nodes", "accepted_tokens", "accept_index", "accept_le
 def accept_into(tree: Tree, target_logits, acc, sampling: dict | None) -> None:
     """SPEC stage 4 into ``acc`` (one kernel launch, plus the generator's advance when
     sampling); ``sampling`` holds the device pointers of a ``SamplingState``."""
-    index = device_index(tree.device)
     _core.cuda_accept(
-        index,
-        raw_stream(index),
+        *launch_on(tree.device),
         tensor_arg(target_logits),
         acc.accepted_nodes.shape[1],
         {name: getattr(tree, name).data_ptr() for name in WALK_FIELDS},
