@@ -70,7 +70,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--loop",
         action="store_true",
-        help="the GPU decode-loop benchmark in three modes (see ddtree/bench_loop.py)",
+        help="the GPU decode-loop benchmark in three modes, with its own flags (see "
+        "ddtree/bench_loop.py; `python -m ddtree` routes it there before parsing)",
     )
     p.add_argument(
         "--device",
@@ -94,10 +95,6 @@ def check_args(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.loop:
-        from . import bench_loop
-
-        return bench_loop.main(getattr(args, "argv", None))
     if args.device.startswith("cuda"):
         from . import bench_gpu
 
