@@ -12,7 +12,7 @@ from conftest import KINDS, draft_logits
 from test_parity import TREE_FIELDS
 
 import ddtree
-from ddtree import _buffers, _cuda, reference
+from ddtree import _api, _buffers, _cuda, reference
 
 pytestmark = [
     pytest.mark.gpu,
@@ -110,7 +110,7 @@ def test_kernels_equal_the_cpu_path_on_random_batches(chunk):
 def best_first_tree(x, roots, prefix, budget, topk) -> ddtree.Tree:
     """The GPU build with the selection forced onto the best-first warp (stage bit 8)."""
     bs, depth, vocab = x.shape
-    k = min(budget, vocab, topk if topk is not None else budget)
+    k = _api.k_of(budget, vocab, topk)
     tree = _buffers.new_tree(bs, depth, k, budget, x.device)
     plan = _cuda.LaunchPlan.of(tree, _cuda.new_scratch(bs * depth, x.device))
     _cuda.launch_build(plan, x, roots, prefix, budget, k, stages=7 | 8)
