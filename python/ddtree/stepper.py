@@ -23,10 +23,10 @@ class _Readback:
     """One pinned host copy of an acceptance and the event that says it has landed."""
 
     def __init__(self, n: int, path: int):
+        shapes = _buffers.acceptance_shapes(n, path - 1)
         self.host = {
-            "accept_len": torch.empty(n, dtype=torch.int64, pin_memory=True),
-            "accepted_tokens": torch.empty(n, path, dtype=torch.int64, pin_memory=True),
-            "bonus": torch.empty(n, dtype=torch.int64, pin_memory=True),
+            name: torch.empty(shapes[name][1], dtype=shapes[name][0], pin_memory=True)
+            for name in _READBACK
         }
         self.event = _new_event()
         self.stamp = -1  # which readback write this slot holds (-1: none yet)
