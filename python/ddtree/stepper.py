@@ -110,6 +110,7 @@ class Stepper:
         self._stamp = -1  # readback writes issued (accepts and graph replays)
         self._returned = -1  # stamp of the last readback returned
         self._graphs: dict[int, RoundGraph] = {}
+        self._caches: _commit.CacheTable | None = None
         if self.device.type != "cuda":
             return
         self._sampling = _sampling.SamplingState(self.max_batch, self.device, seed)
@@ -118,7 +119,6 @@ class Stepper:
         q = self.budget + 1
         self._kept = torch.empty(n, path, dtype=torch.int64, device=self.device)
         self._release = torch.empty(n, q, dtype=torch.bool, device=self.device)
-        self._caches: _commit.CacheTable | None = None
 
     def _check_cuda_limits(self) -> None:
         from . import _core
