@@ -17,7 +17,7 @@ extern "C" __global__ void __launch_bounds__(256)
 extern "C" __global__ void __launch_bounds__(256)
     ddtree_compact_kv(char* const* buffers, long long row_bytes, const long long* window,
                       const long long* nodes, int q, int path_len) {
-  __shared__ char stage[ddtree::kMaxPath * ddtree::kCompactChunk];
+  __shared__ __align__(16) char stage[ddtree::kMaxPath * ddtree::kCompactChunk];
   const int b = blockIdx.x;
   ddtree::compact_chunk(buffers[blockIdx.y], row_bytes,
                         static_cast<long long>(blockIdx.z) * ddtree::kCompactChunk,
@@ -38,5 +38,5 @@ extern "C" __global__ void __launch_bounds__(256)
     return;
   }
   const char* src = hidden + (static_cast<long long>(b) * q + node) * row_bytes;
-  for (long long c = threadIdx.x; c < row_bytes; c += blockDim.x) dst[c] = src[c];
+  ddtree::block_copy(dst, src, row_bytes);
 }

@@ -8,6 +8,7 @@ set -u
 OUT=${OUT:-/tmp/ddtree-gpu-out}
 STEPS=${STEPS:-"tests sanitize bench loop"}
 mkdir -p "$OUT"
+rm -rf /tmp/site  # a warm machine keeps the last wheel; pip --target would not replace it
 pip install --no-index --no-deps --target /tmp/site wheels/ddtree-*.whl >"$OUT/install.log" 2>&1 \
     || { cat "$OUT/install.log"; exit 1; }
 export PYTHONPATH=/tmp/site

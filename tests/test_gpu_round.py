@@ -10,7 +10,14 @@ import numpy as np
 import pytest
 import torch
 from test_commit import children, random_round
-from test_sampling import CASES, chi_square, chi_square_limit, filtered, first_new_tokens
+from test_sampling import (
+    CASES,
+    LOGITS,
+    chi_square,
+    chi_square_limit,
+    filtered,
+    first_new_tokens,
+)
 
 import ddtree
 from ddtree import Tree
@@ -74,12 +81,70 @@ def test_greedy_accept_equals_the_cpu_path(chunk):
     assert trees >= 250
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_greedy_accept_at_a_real_vocabulary_with_nan_and_inf_rows(dtype):
+    # Vector chunks over the whole slice of every block; rows that are all NaN (every token
+    # ties at -inf: id 0), all -inf, NaN among values, +inf twice (lowest id), and the
+    # maximum shared by -0.0 and 0.0 (they tie: lowest id).
+    vocab, bs, budget = 151936, 6, 7
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(bs, 3, vocab, generator=g)
+    z = torch.zeros(bs, dtype=torch.int64)
+    tree = ddtree.build_tree(x.to(DEV), z.to(DEV), z.to(DEV), budget=budget)
+    target = (torch.randn(bs, budget + 1, vocab, generator=g) * 4).round() / 2
+    target[0, 0] = float("nan")
+    target[1, 0] = float("-inf")
+    target[2, 0, ::3] = float("nan")
+    target[3, 0, [90000, 7, 150000]] = float("inf")
+    target[4, 0] = -torch.rand(vocab, generator=g) - 1
+    target[4, 0, [120001, 99999]] = torch.tensor([-0.0, 0.0])
+    target[5, 0, 151935] = 100.0
+    target = target.to(dtype)
+    gpu = ddtree.accept_tree(tree, target.to(DEV))
+    cpu = ddtree.accept_tree(on(tree, "cpu"), target)
+    for name in cpu.__dataclass_fields__:
+        assert torch.equal(getattr(gpu, name).cpu(), getattr(cpu, name)), name
+    assert cpu.bonus[[0, 1, 3, 4, 5]].tolist() == [0, 0, 7, 99999, 151935]
+
+
 @pytest.mark.parametrize("temperature, top_k, top_p", CASES)
 def test_gpu_sampling_follows_the_filtered_distribution(temperature, top_k, top_p):
     tokens = first_new_tokens(
         40_000, 11, device=DEV, temperature=temperature, top_k=top_k, top_p=top_p
     )
     stat, df = chi_square(tokens, filtered(temperature, top_k, top_p))
+    assert stat < chi_square_limit(max(df, 1)), stat
+
+
+WIDE_VOCAB = 151936
+LIVE_IDS = torch.tensor([5, 1000, 1001, 40000, 77777, 100000, 140000, WIDE_VOCAB - 1])
+
+
+def wide_first_new_tokens(draws: int, seed, **sampling) -> np.ndarray:
+    """first_new_tokens at a real vocabulary: test_sampling's 8 logits (+10) sit at
+    LIVE_IDS in increasing order, every other token at -30 (far below: almost no mass, and
+    the kernel skips it). Returns each draw's index into LIVE_IDS, -1 for any other token."""
+    x = torch.zeros(draws, 1, WIDE_VOCAB, device=DEV)
+    x[:, 0, LIVE_IDS[3]] = 5.0
+    z = torch.zeros(draws, dtype=torch.int64, device=DEV)
+    tree = ddtree.build_tree(x, z, z, budget=1)
+    del x
+    target = torch.full((draws, 2, WIDE_VOCAB), -30.0, device=DEV)
+    target[:, :, LIVE_IDS.to(DEV)] = (LOGITS + 10).to(DEV)
+    acc = ddtree.accept_tree(tree, target, generator=seed, **sampling)
+    first = torch.where(acc.accept_len == 2, acc.accepted_tokens[:, 1], acc.bonus).cpu()
+    index = torch.full((WIDE_VOCAB,), -1, dtype=torch.int64)
+    index[LIVE_IDS] = torch.arange(len(LIVE_IDS))
+    return index[first].numpy()
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", CASES + [(1.0, 20, None)])
+def test_gpu_sampling_at_a_real_vocabulary(temperature, top_k, top_p):
+    # (1.0, 20, None): the top-k cut falls among the far tokens (only 8 are near).
+    # Temperature alone: a draw whose uniform rounded to 1.0 would hand a far token +inf.
+    index = wide_first_new_tokens(3000, 12, temperature=temperature, top_k=top_k, top_p=top_p)
+    assert (index >= 0).all(), f"drew a token outside the 8 live ones: {np.sum(index < 0)}"
+    stat, df = chi_square(index, filtered(temperature, top_k, top_p))
     assert stat < chi_square_limit(max(df, 1)), stat
 
 

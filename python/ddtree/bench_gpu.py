@@ -46,8 +46,15 @@ def peaked_logits(bs, depth, vocab, seed, device) -> torch.Tensor:
     return x.to(torch.bfloat16)
 
 
+SPIN_CYCLES = 40_000_000  # ~20 ms: longer than the host takes to queue the replays
+
+
 def graph_time_us(fn, replays: int) -> float:
-    """Median GPU time of one replay of a graph that captured ``fn``."""
+    """Median GPU time of one replay of a graph that captured ``fn``.
+
+    A spin kernel first holds the GPU while the host queues every replay, so a replay's
+    time is its own and not the host's submission latency (which would put a floor of
+    ~10 µs under every kernel)."""
     fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -59,6 +66,7 @@ def graph_time_us(fn, replays: int) -> float:
         (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
         for _ in range(replays)
     ]
+    torch.cuda._sleep(SPIN_CYCLES)
     for start, end in events:
         start.record()
         graph.replay()

@@ -31,11 +31,13 @@ import statistics
 import sys
 import time
 import warnings
+from functools import partial
 
 import numpy as np
 import torch
 
 from . import reference
+from ._api import accept_tree
 from .bench_gpu import graph_time_us, peaked_logits
 from .stepper import Stepper
 
@@ -281,8 +283,9 @@ def plot(timelines: dict, path: str) -> None:
 
 def round_kernel_times(model: Model, args, dev) -> dict:
     """GPU µs of stages 4–5 alone at this shape (median of graph replays): the greedy and
-    a sampling accept over this round's target, kept slots, compaction of 8 layers' K and
-    V caches ([slots, 8, 128] bf16), and the gather of [bs*Q, 4096] bf16 hidden states."""
+    two sampling accepts over this round's target, kept slots, compaction of 8 layers' K and
+    V caches ([slots, 8, 128] bf16), the gather of [bs*Q, 4096] bf16 hidden states, all of
+    greedy stages 4–5 in one graph, and the floor: a graph of one trivial kernel."""
     st = LoopState(args.bs, args.vocab, dev)
     stepper = Stepper(args.bs, args.budget, args.depth, args.vocab, device=dev)
     model.feed(0)
@@ -297,17 +300,66 @@ def round_kernel_times(model: Model, args, dev) -> dict:
     )
     hidden = torch.zeros(slots, 4096, dtype=torch.bfloat16, device=dev)
     out = torch.empty(args.bs, args.depth + 1, 4096, dtype=torch.bfloat16, device=dev)
+
+    def stages_4_5():
+        stepper.accept(target)
+        stepper.kept_slots(window)
+        stepper.compact_kv(window)
+        stepper.gather_hidden(hidden, out)
+
     times = {
         "accept_greedy": graph_time_us(lambda: stepper.accept(target), 50),
         "accept_sampled": graph_time_us(
             lambda: stepper.accept(target, temperature=0.8, top_k=50, top_p=0.9), 20
         ),
+        "accept_temp_only": graph_time_us(lambda: stepper.accept(target, temperature=0.8), 20),
         "kept_slots": graph_time_us(lambda: stepper.kept_slots(window), 50),
         "compact_8_layers": graph_time_us(lambda: stepper.compact_kv(window), 50),
         "gather_hidden": graph_time_us(lambda: stepper.gather_hidden(hidden, out), 50),
+        "stages_4_5_greedy": graph_time_us(stages_4_5, 50),
+        "graph_floor": graph_time_us(lambda: st.roots.add_(0), 50),
     }
     times["mean_accept_len"] = float(acc.accept_len.double().mean())
     return times
+
+
+ACCEPT_MODES = {
+    "greedy": {},
+    "T=0.8": {"temperature": 0.8},
+    "T=0.8 top_k=50": {"temperature": 0.8, "top_k": 50},
+    "T=0.8 top_p=0.9": {"temperature": 0.8, "top_p": 0.9},
+    "T=0.8 top_k=50 top_p=0.9": {"temperature": 0.8, "top_k": 50, "top_p": 0.9},
+}
+
+
+def accept_times(model: Model, args, dev) -> list[dict]:
+    """GPU µs of one accept (median of graph replays) per batch size, sampling mode and
+    target: the loop's ("one peak": each row one token at 30 over N(0, 1), so only the
+    peak is within 27 nats of the maximum at T=0.8) and "noisy" rows (N(0, 2) with a few
+    strong tokens, bench_gpu's draft rows: most of the vocabulary is near the maximum)."""
+    st = LoopState(args.bs, args.vocab, dev)
+    stepper = Stepper(args.bs, args.budget, args.depth, args.vocab, device=dev)
+    model.feed(0)
+    tree = stepper.step(model.x, st.roots, st.prefix)
+    peak = model.verify(tree.verify_ids, tree.first_child, tree.depths).clone()
+    noisy = peaked_logits(args.bs, args.budget + 1, args.vocab, 9, dev)
+    rows = []
+    for target_name, target in (("one peak", peak), ("noisy", noisy)):
+        for bs in sorted({1, 8, args.bs}):
+            sub = type(tree)(**{k: getattr(tree, k)[:bs] for k in tree.__dataclass_fields__})
+            rows_of = target[:bs]
+            row = {"target": target_name, "bs": bs}
+            for mode, kw in ACCEPT_MODES.items():
+                row[mode] = graph_time_us(partial(accept_tree, sub, rows_of, **kw), 20)
+            rows.append(row)
+    return rows
+
+
+def print_accept_times(rows) -> None:
+    print("\n# stage 4 (accept) alone, GPU µs per call (median of graph replays)")
+    print("target | bs | " + " | ".join(ACCEPT_MODES))
+    for r in rows:
+        print(f"{r['target']} | {r['bs']} | " + " | ".join(f"{r[m]:.1f}" for m in ACCEPT_MODES))
 
 
 def parse(argv):
@@ -321,7 +373,13 @@ def parse(argv):
     p.add_argument("--profile-rounds", type=int, default=5)
     p.add_argument("--draft-ms", type=float, default=2.0)
     p.add_argument("--verify-ms", type=float, default=8.0)
-    p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    p.add_argument(
+        "--modes",
+        nargs="*",
+        default=list(MODES),
+        choices=MODES,
+        help="loop modes to run; none (a bare --modes) runs only the stage 4-5 timings",
+    )
     p.add_argument("--plot", default=None, help="write the busy/idle timeline PNG here")
     p.add_argument("--plot-from", default=None, help="draw --plot from a saved JSON")
     args, _ = p.parse_known_args(argv)
@@ -356,12 +414,14 @@ def main(argv=None) -> int:
         row.update(busy_stats(spans, args.profile_rounds))
         rows.append(row)
         timelines[mode] = spans
-    print_rows(rows)
+    if rows:
+        print_rows(rows)
     times = round_kernel_times(model, args, dev)
     print("\n# stages 4-5 alone at this shape, GPU µs (median of graph replays)")
     print(" | ".join(times))
     print(" | ".join(f"{v:.1f}" for v in times.values()))
-    if args.plot:
+    print_accept_times(accept_times(model, args, dev))
+    if args.plot and timelines:
         plot(timelines, args.plot)
     return 0
 

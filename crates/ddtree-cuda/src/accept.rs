@@ -1,12 +1,20 @@
-//! SPEC stage 4 on the GPU: the walk along the target's posterior tokens, one block per
-//! request (`kernels/accept.cu`).
+//! SPEC stage 4 on the GPU: the walk along the target's posterior tokens, one cluster of
+//! blocks per request (`kernels/accept.cu`).
 
 use crate::device::{device, ContextGuard};
 use crate::{launch, CudaError, Dtype, Logits, Params};
 use cudarc::driver::sys::CUstream;
 
 /// Threads per block of the accept kernel (`kAcceptThreads`).
-pub const ACCEPT_THREADS: u32 = 1024;
+pub const ACCEPT_THREADS: u32 = 256;
+/// Blocks per request, one thread-block cluster (`kAcceptCluster`, fixed in the kernel).
+pub const ACCEPT_CLUSTER: u32 = 8;
+/// Dynamic shared memory for a block's cached row slice, at most (`kSliceCacheCap`).
+pub const SLICE_CACHE_CAP: usize = 76 * 1024;
+/// Trees up to this Q keep their links (3 int32 per node) in shared memory (`kLinkCap`).
+pub const LINK_CAP: usize = 1024;
+/// Dynamic shared memory an accept block may ask for: a slice and the links.
+pub const ACCEPT_SMEM_CAP: usize = SLICE_CACHE_CAP + 12 * LINK_CAP;
 /// Largest vocabulary the accept kernel's order keys hold (`kIdBits`).
 pub const ACCEPT_MAX_VOCAB: usize = 1 << 24;
 
@@ -67,6 +75,9 @@ pub unsafe fn accept_tree(
     }];
     let [s0, s1, s2] = target.strides;
     let (v, qq, pl) = (vocab as i32, q as i32, path_len as i32);
+    let cache = sampling.map_or(0, |_| slice_cache_bytes(vocab, target.dtype));
+    let cache_slice = i32::from(cache > 0);
+    let links = if q <= LINK_CAP { 12 * q } else { 0 };
     let s = sampling.unwrap_or(Sampling {
         temperature: 0,
         top_k: 0,
@@ -92,15 +103,16 @@ pub unsafe fn accept_tree(
     p.arg(&s.temperature)
         .arg(&s.top_k)
         .arg(&s.top_p)
-        .arg(&s.rng);
+        .arg(&s.rng)
+        .arg(&cache_slice);
     let stream = stream as CUstream;
-    let grid = (bs as u32, 1, 1);
+    let grid = (bs as u32 * ACCEPT_CLUSTER, 1, 1);
     launch(
         "cuLaunchKernel(accept)",
         f,
         grid,
         ACCEPT_THREADS,
-        0,
+        cache + links,
         stream,
         &mut p,
     )?;
@@ -118,4 +130,32 @@ pub unsafe fn accept_tree(
         )?;
     }
     Ok(())
+}
+
+/// Bytes of one block's row slice (`accept_slice_len`), or 0 when it exceeds the cache cap
+/// and the sampling passes re-read global memory.
+pub fn slice_cache_bytes(vocab: usize, dtype: Dtype) -> usize {
+    let unit = ACCEPT_CLUSTER as usize * 8;
+    let bytes = vocab.div_ceil(unit) * 8 * dtype.size();
+    if bytes <= SLICE_CACHE_CAP {
+        bytes
+    } else {
+        0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slice_cache_fits_the_vocabularies_we_serve() {
+        // Qwen/Kimi vocabularies: cached in every dtype.
+        assert_eq!(slice_cache_bytes(151_936, Dtype::Bf16), 18_992 * 2);
+        assert_eq!(slice_cache_bytes(151_936, Dtype::F32), 18_992 * 4);
+        assert_eq!(slice_cache_bytes(163_840, Dtype::F16), 20_480 * 2);
+        // A 256k vocabulary in fp32 exceeds the cap: read from global memory instead.
+        assert_eq!(slice_cache_bytes(262_144, Dtype::F32), 0);
+        assert_eq!(slice_cache_bytes(5, Dtype::Bf16), 16);
+    }
 }

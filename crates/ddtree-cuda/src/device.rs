@@ -127,6 +127,14 @@ impl Device {
         for c in cand {
             allow_dynamic_smem(c, crate::launch::CANDIDATE_SMEM)?;
         }
+        let accept_fns = [
+            f(accept, "ddtree_accept_f32")?,
+            f(accept, "ddtree_accept_f16")?,
+            f(accept, "ddtree_accept_bf16")?,
+        ];
+        for a in accept_fns {
+            allow_dynamic_smem(a, crate::accept::ACCEPT_SMEM_CAP)?;
+        }
         Ok(Self {
             candidates_f32: cand[0],
             candidates_f16: cand[1],
@@ -134,11 +142,7 @@ impl Device {
             select: select_fn,
             emit: f(emit, "ddtree_emit")?,
             full_mask: f(emit, "ddtree_full_mask")?,
-            accept: [
-                f(accept, "ddtree_accept_f32")?,
-                f(accept, "ddtree_accept_f16")?,
-                f(accept, "ddtree_accept_bf16")?,
-            ],
+            accept: accept_fns,
             advance_rng: f(accept, "ddtree_advance_rng")?,
             kept_slots: f(commit, "ddtree_kept_slots")?,
             compact_kv: f(commit, "ddtree_compact_kv")?,

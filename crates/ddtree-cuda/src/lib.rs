@@ -89,6 +89,16 @@ pub enum Dtype {
     Bf16,
 }
 
+impl Dtype {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            Dtype::F32 => 4,
+            Dtype::F16 | Dtype::Bf16 => 2,
+        }
+    }
+}
+
 /// A strided `[bs, L, V]` logits tensor in device memory.
 #[derive(Debug, Clone, Copy)]
 pub struct Logits {
