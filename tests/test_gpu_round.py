@@ -81,6 +81,20 @@ def test_greedy_accept_equals_the_cpu_path(chunk):
     assert trees >= 250
 
 
+def test_greedy_accept_of_a_tree_too_big_for_shared_memory():
+    # Q = 1501 > kLinkCap: the walk reads the tree's links from global memory.
+    rng = np.random.default_rng(9)
+    x = torch.from_numpy(rng.standard_normal((3, 6, 400)) * 3).float()
+    roots = torch.from_numpy(rng.integers(0, 400, 3))
+    tree = ddtree.build_tree(x, roots, roots * 0, budget=1500)
+    target = planted_target(rng, tree, 400, torch.float32, False)
+    gpu = ddtree.accept_tree(on(tree, DEV), target.to(DEV))
+    cpu = ddtree.accept_tree(tree, target)
+    for name in cpu.__dataclass_fields__:
+        assert torch.equal(getattr(gpu, name).cpu(), getattr(cpu, name)), name
+    assert (cpu.accept_len > 1).any()
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_greedy_accept_at_a_real_vocabulary_with_nan_and_inf_rows(dtype):
     # Vector chunks over the whole slice of every block; rows that are all NaN (every token
@@ -298,6 +312,26 @@ def test_readback_ring_reports_an_older_round_while_the_host_runs_ahead():
     assert last is not None and last["round"] == 11
     assert seen == sorted(seen) and len(set(seen)) == len(seen)
     assert stepper.readback() is None  # nothing new since
+
+
+def test_graph_replays_keep_an_older_readback_while_a_newer_replay_runs():
+    # Replay A finishes while replay B waits behind a spin kernel: A's tokens must be
+    # readable (each captured graph writes its own slot; one graph would re-arm A's event).
+    stepper, x, roots, prefix, base = small_round(bs=8, budget=63)
+    stepper.capture(x, roots, prefix, lambda tree: verify_stand_in(tree, base))
+    stepper.replay(8)
+    a_tokens = stepper.replay(8).acc.accepted_tokens.clone()
+    a_done = torch.cuda.Event()
+    a_done.record()
+    torch.cuda._sleep(200_000_000)  # ~0.1 s
+    stepper.replay(8)
+    a_done.synchronize()
+    host = stepper.readback()
+    assert host is not None, "replay A finished but its readback was not ready"
+    assert torch.equal(host["accepted_tokens"], a_tokens.cpu())
+    torch.cuda.synchronize()
+    newest = stepper.readback()
+    assert newest is not None and newest["round"] == host["round"] + 1
 
 
 def test_readback_does_not_block_and_accept_never_syncs():

@@ -109,7 +109,8 @@ class Stepper:
         self._accepts = 0  # accepts issued (eager calls and captures)
         self._stamp = -1  # readback writes issued (accepts and graph replays)
         self._returned = -1  # stamp of the last readback returned
-        self._graphs: dict[int, RoundGraph] = {}
+        self._graphs: dict[int, list[RoundGraph]] = {}
+        self._replays: dict[int, int] = {}
         self._caches: _commit.CacheTable | None = None
         if self.device.type != "cuda":
             return
@@ -232,7 +233,13 @@ class Stepper:
         forward, returning target logits) → ``accept`` → ``after(tree, acc)`` (e.g. next
         roots) — as a CUDA graph kept per batch-size bucket; ``replay(bs)`` runs it on new
         values written into the same input tensors. Returns the ``RoundGraph`` (its
-        ``tree`` and ``acc`` are the views each replay rewrites)."""
+        ``tree`` and ``acc`` are the views each replay rewrites).
+
+        The round is captured READBACK_SLOTS times, each graph writing its own readback
+        slot, and replays take them in turn (sharing one memory pool: they never run at
+        once). So a host running a few replays ahead still finds an older replay's tokens
+        ready, as in eager mode; with one graph every replay would rewrite the slot the
+        host waits on."""
         self._check_open()
         if self.device.type != "cuda":
             raise ValueError("Stepper.capture: CUDA graphs need device='cuda'")
@@ -249,19 +256,25 @@ class Stepper:
 
         round_()  # warm-up outside capture (cuBLAS handles, caching allocator)
         torch.cuda.synchronize(self.device)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            tree, acc = round_()
-        slot = self._ring[(self._accepts - 1) % READBACK_SLOTS]  # the one the capture wrote
-        self._graphs[bs] = RoundGraph(graph, tree, acc, slot)
-        return self._graphs[bs]
+        graphs, pool = [], None
+        for _ in range(READBACK_SLOTS):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                tree, acc = round_()
+            pool = graph.pool()
+            slot = self._ring[(self._accepts - 1) % READBACK_SLOTS]  # the one it wrote
+            graphs.append(RoundGraph(graph, tree, acc, slot))
+        self._graphs[bs], self._replays[bs] = graphs, 0
+        return graphs[0]
 
     def replay(self, bs: int):
         """Replays the round captured for batch size ``bs``; returns its ``RoundGraph``."""
         self._check_open()
-        graph = self._graphs.get(bs)
-        if graph is None:
+        graphs = self._graphs.get(bs)
+        if graphs is None:
             raise ValueError(f"bs: no round captured for batch size {bs}; call capture() first")
+        graph = graphs[self._replays[bs] % len(graphs)]
+        self._replays[bs] += 1
         graph.graph.replay()
         self._stamp += 1
         graph.slot.stamp = self._stamp  # the replay rewrote the slot the capture wrote
