@@ -15,7 +15,8 @@ and target logits that accept each request's first-child chain down to a random 
    graph, replayed.
 
 Per mode: wall time per round, GPU busy time per round and the GPU idle fraction (union of
-kernel and copy intervals from the torch profiler over ``--profile-rounds`` rounds), host
+kernel and copy intervals from the torch profiler over ``--profile-rounds`` steady rounds,
+after one that starts the queue), the part of that idle next to ddtree's own work, host
 syncs per round (torch's sync-debug warnings), and how far the host runs ahead (rounds
 enqueued but not finished when the host finishes enqueuing one). ``--plot FILE.png`` draws
 GPU busy vs idle over time for the three modes (matplotlib; without it, the intervals are
@@ -83,9 +84,12 @@ class Model:
         return start.elapsed_time(end) / 10
 
     def feed(self, r: int) -> None:
-        """This round's inputs: a pool entry of draft logits and the acceptance depths."""
-        self.x.copy_(self.pool[r % len(self.pool)])
-        self.accept_depth.copy_(self.depth_pool[r % len(self.depth_pool)])
+        """This round's inputs: a pool entry of draft logits and the acceptance depths,
+        written by elementwise kernels as the draft's own kernels would write them (a
+        device-to-device memcpy runs on a copy engine, and the switch back to kernels left
+        a 50-140 µs gap at every round boundary that belongs to no real decode loop)."""
+        torch.mul(self.pool[r % len(self.pool)], 1, out=self.x)
+        torch.mul(self.depth_pool[r % len(self.depth_pool)], 1, out=self.accept_depth)
 
     def draft(self) -> None:
         for _ in range(self.draft_reps):
@@ -220,21 +224,59 @@ def timed_rounds(run, model: Model, stepper, rounds: int) -> dict:
     }
 
 
-def gpu_intervals(run, model: Model, rounds: int) -> list[tuple[float, float]]:
-    """(start, end) µs of every kernel, copy and fill over `rounds` rounds (torch profiler)."""
+MARKER = "spin_kernel"  # torch.cuda._sleep's kernel: marks where each profiled round starts
+
+
+def gpu_intervals(run, model: Model, rounds: int, names: list | None = None) -> list:
+    """(start, end) µs of every kernel, copy and fill over `rounds` steady rounds (torch
+    profiler); with `names`, also (start, end, name) triples appended to it. One more round
+    runs first and is left out: it starts from an idle GPU, so the host's first launches
+    show as idle that a running loop, queued rounds ahead, does not have."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for r in range(rounds):
+        for r in range(rounds + 1):
+            torch.cuda._sleep(1)
             model.feed(r)
             run()
         torch.cuda.synchronize()
-    out = []
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.elapsed_us() > 0:
-            out.append((float(e.time_range.start), float(e.time_range.end)))
-    return sorted(out)
+    named = sorted(
+        (float(e.time_range.start), float(e.time_range.end), e.name)
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.elapsed_us() > 0
+    )
+    starts = [s for s, _, name in named if MARKER in name]
+    steady = [t for t in named if len(starts) < 2 or t[0] >= starts[1]]
+    if names is not None:
+        names.extend(steady)
+    return [(s, e) for s, e, _ in steady]
+
+
+def ddtree_idle_us(named: list, rounds: int) -> float:
+    """Idle µs per round in gaps next to ddtree's own work (its kernels and readback
+    copies); the rest of the idle lies between the stand-in model's kernels."""
+    named = sorted(named)
+    ours = ("ddtree_", "Memcpy DtoH")
+    total, end, before = 0.0, named[0][1], named[0][2]
+    for s, e, name in named[1:]:
+        if s > end and any(m in before or m in name for m in ours):
+            total += s - end
+        if e >= end:
+            end, before = e, name
+    return total / rounds
+
+
+def largest_gaps(named: list, count: int = 5) -> list[tuple[float, str, str]]:
+    """The `count` longest idle gaps: (µs, the work before, the work after)."""
+    named = sorted(named)
+    gaps, end, before = [], named[0][1], named[0][2]
+    for s, e, name in named[1:]:
+        if s > end:
+            gaps.append((s - end, before[:40], name[:40]))
+        if e >= end:
+            end, before = e, name
+    return sorted(gaps, reverse=True)[:count]
 
 
 def busy_stats(intervals, rounds: int) -> dict:
@@ -434,12 +476,21 @@ def main(argv=None) -> int:
         run, stepper = make_runner(mode, model, args, dev)
         rounds = args.cpu_rounds if mode == "cpu" else args.rounds
         row = {"mode": mode, "rounds": rounds, **timed_rounds(run, model, stepper, rounds)}
-        spans = gpu_intervals(run, model, args.profile_rounds)
+        named = []
+        spans = gpu_intervals(run, model, args.profile_rounds, named)
         row.update(busy_stats(spans, args.profile_rounds))
+        row["gaps"] = largest_gaps(named)
+        row["ddtree_idle_us"] = ddtree_idle_us(named, args.profile_rounds)
         rows.append(row)
         timelines[mode] = spans
     if rows:
         print_rows(rows)
+        print("\n# idle per round in gaps next to ddtree's kernels and readback copies, µs")
+        print(" | ".join(f"{r['mode']}: {r['ddtree_idle_us']:.1f}" for r in rows))
+        print("\n# longest idle gaps over the profiled rounds: µs, after, before")
+        for r in rows:
+            for gap, before, after in r["gaps"]:
+                print(f"{r['mode']} | {gap:.1f} | {before} | {after}")
     times = round_kernel_times(model, args, dev)
     print("\n# stages 4-5 alone at this shape, GPU µs (median of graph replays)")
     print(" | ".join(times))

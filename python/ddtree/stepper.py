@@ -20,27 +20,33 @@ READBACK_SLOTS = 4  # pinned readback buffers: how many accepts the host may run
 
 
 class _Readback:
-    """One pinned host copy of an acceptance and the event that says it has landed."""
+    """One pinned host copy of an acceptance's readback fields and the event that says it
+    has landed. The fields sit adjacent in the Stepper's device buffer, so one copy moves
+    them (each copy costs the stream a copy-engine round trip of several µs)."""
 
-    def __init__(self, n: int, path: int):
-        shapes = _buffers.acceptance_shapes(n, path - 1)
-        self.host = {
-            name: torch.empty(shapes[name][1], dtype=shapes[name][0], pin_memory=True)
-            for name in _READBACK
-        }
+    def __init__(self, bufs: _buffers.FlatBuffers):
+        self.device_span = bufs.span(_READBACK)
+        self.host = torch.empty_like(self.device_span, device="cpu", pin_memory=True)
+        base = min(bufs.regions[name][1] for name in _READBACK)
+        self.fields = {name: bufs.regions[name][1] - base for name in _READBACK}
+        self.path = bufs.storage["accepted_tokens"].numel() // bufs.storage["bonus"].numel()
         self.event = _new_event()
         self.stamp = -1  # which readback write this slot holds (-1: none yet)
         self.bs = 0
 
     def start(self, acc: Acceptance, stamp: int) -> None:
         self.bs = acc.batch_size
-        for name, host in self.host.items():
-            host[: self.bs].copy_(getattr(acc, name), non_blocking=True)
+        self.host.copy_(self.device_span, non_blocking=True)
         self.event.record()
         self.stamp = stamp
 
     def result(self) -> dict:
-        out = {name: t[: self.bs] for name, t in self.host.items()}
+        bs, path = self.bs, self.path
+        shapes = {"accept_len": (bs,), "bonus": (bs,), "accepted_tokens": (bs, path)}
+        out = {
+            name: self.host[at : at + _buffers._numel(shapes[name])].view(shapes[name])
+            for name, at in self.fields.items()
+        }
         out["round"] = self.stamp
         return out
 
@@ -116,7 +122,7 @@ class Stepper:
             return
         self._sampling = _sampling.SamplingState(self.max_batch, self.device, seed)
         n, path = self.max_batch, self.depth + 1
-        self._ring = [_Readback(n, path) for _ in range(READBACK_SLOTS)]
+        self._ring = [_Readback(self._acc_bufs) for _ in range(READBACK_SLOTS)]
         q = self.budget + 1
         self._kept = torch.empty(n, path, dtype=torch.int64, device=self.device)
         self._release = torch.empty(n, q, dtype=torch.bool, device=self.device)
@@ -277,7 +283,8 @@ class Stepper:
         self._replays[bs] += 1
         graph.graph.replay()
         self._stamp += 1
-        graph.slot.stamp = self._stamp  # the replay rewrote the slot the capture wrote
+        # The replay rewrote the slot its capture wrote; other buckets' graphs share it.
+        graph.slot.stamp, graph.slot.bs = self._stamp, graph.acc.batch_size
         self._tree, self._acc = graph.tree, graph.acc
         return graph
 
