@@ -26,7 +26,7 @@ for step in $STEPS; do
             echo "== $tool"; tail -3 "$OUT/sanitizer-$tool.log"
         done ;;
     loop)
-        python3 -m ddtree.bench_loop --plot "$OUT/loop.png" ${LOOP_ARGS:-} >"$OUT/bench-loop.txt" \
+        python3 -m ddtree bench --loop --plot "$OUT/loop.png" ${LOOP_ARGS:-} >"$OUT/bench-loop.txt" \
             2>"$OUT/bench-loop.err" || status=1
         cat "$OUT/bench-loop.txt"; tail -3 "$OUT/bench-loop.err" ;;
     bench)
