@@ -40,3 +40,12 @@ extern "C" __global__ void __launch_bounds__(256)
   const char* src = hidden + (static_cast<long long>(b) * q + node) * row_bytes;
   ddtree::block_copy(dst, src, row_bytes);
 }
+
+// The readback: n int64 words from the acceptance buffer to pinned host memory mapped into
+// the device's address space, stored by the SMs over the bus. A copy-engine memcpy would
+// cost the stream a switch to the copy engine and back (~8 µs each way on the H200).
+extern "C" __global__ void __launch_bounds__(256)
+    ddtree_readback(const long long* src, long long* host_dst, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    host_dst[i] = src[i];
+}

@@ -9,29 +9,30 @@ OUT=${OUT:-/tmp/ddtree-gpu-out}
 STEPS=${STEPS:-"tests sanitize bench loop"}
 mkdir -p "$OUT"
 rm -rf /tmp/site  # a warm machine keeps the last wheel; pip --target would not replace it
-pip install --no-index --no-deps --target /tmp/site wheels/ddtree-*.whl >"$OUT/install.log" 2>&1 \
-    || { cat "$OUT/install.log"; exit 1; }
+pip install --no-index --no-deps --target /tmp/site wheels/ddtree-*.whl >/tmp/install.log 2>&1 \
+    || { cat /tmp/install.log; exit 1; }
 export PYTHONPATH=/tmp/site
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$OUT/device.txt"
+# Few files: the device tool returns a limited number of them.
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$OUT/gpu-tests.log"
 status=0
 for step in $STEPS; do
     case $step in
     tests)
-        python3 -m pytest tests -m gpu -q -p no:cacheprovider -s ${PYTEST_K:+-k "$PYTEST_K"} >"$OUT/gpu-tests.log" 2>&1 || status=1
+        python3 -m pytest tests -m gpu -q -p no:cacheprovider -s ${PYTEST_K:+-k "$PYTEST_K"} >>"$OUT/gpu-tests.log" 2>&1 || status=1
         tail -15 "$OUT/gpu-tests.log" ;;
     sanitize)
         for tool in memcheck racecheck; do
             compute-sanitizer --tool "$tool" --error-exitcode 3 python3 tests/gpu_small.py \
-                >"$OUT/sanitizer-$tool.log" 2>&1 || status=1
-            echo "== $tool"; tail -3 "$OUT/sanitizer-$tool.log"
+                >/tmp/sanitizer-$tool.log 2>&1 || status=1
+            { echo "== $tool"; tail -3 /tmp/sanitizer-$tool.log; } | tee -a "$OUT/sanitizer.log"
         done ;;
     loop)
         python3 -m ddtree bench --loop --plot "$OUT/loop.png" ${LOOP_ARGS:-} >"$OUT/bench-loop.txt" \
-            2>"$OUT/bench-loop.err" || status=1
-        cat "$OUT/bench-loop.txt"; tail -3 "$OUT/bench-loop.err" ;;
+            2>&1 || status=1
+        cat "$OUT/bench-loop.txt" ;;
     bench)
-        python3 -m ddtree.bench_gpu ${BENCH_ARGS:-} >"$OUT/bench-gpu.txt" 2>"$OUT/bench-gpu.err" || status=1
-        cat "$OUT/bench-gpu.txt"; tail -3 "$OUT/bench-gpu.err" ;;
+        python3 -m ddtree.bench_gpu ${BENCH_ARGS:-} >"$OUT/bench-gpu.txt" 2>&1 || status=1
+        cat "$OUT/bench-gpu.txt" ;;
     esac
 done
 exit $status

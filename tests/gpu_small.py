@@ -1,6 +1,6 @@
 """A small GPU round for compute-sanitizer (memcheck, racecheck): every kernel, every dtype,
-a strided view, a NaN row, the largest budget, the FULL mask, accept (greedy and sampling)
-and the commit kernels. Exits non-zero on error."""
+a strided view, a NaN row, the largest budget, the FULL mask, accept (greedy and sampling),
+the commit kernels and a Stepper's readback kernel. Exits non-zero on error."""
 
 import torch
 
@@ -42,6 +42,13 @@ def main() -> None:
         for shape, budget in (((2, 2, 20000), 255), ((2, 15, 2), 1023), ((1, 4, 1000), 1023)):
             x = torch.zeros(shape, device=dev, dtype=dtype)
             ddtree.build_tree(x, z[: shape[0]], z[: shape[0]], budget=budget)
+    # A Stepper round with its readback kernel into mapped pinned memory.
+    stepper = ddtree.Stepper(max_batch=3, budget=63, depth=4, vocab=1000, device=dev)
+    x = torch.randn(3, 4, 1000, device=dev, generator=g)
+    z = torch.zeros(3, dtype=torch.int64, device=dev)
+    stepper.step(x, z, z)
+    stepper.accept(torch.randn(3, 64, 1000, device=dev, generator=g), temperature=1.0)
+    assert stepper.readback(wait=True)["bonus"].shape == (3,)
     torch.cuda.synchronize()
     print("gpu_small: ok")
 

@@ -310,6 +310,8 @@ def test_readback_ring_reports_an_older_round_while_the_host_runs_ahead():
     torch.cuda.synchronize()
     last = stepper.readback()
     assert last is not None and last["round"] == 11
+    assert torch.equal(last["accepted_tokens"], stepper.accept(target).accepted_tokens.cpu())
+    assert all(slot.mapped is not None for slot in stepper._ring)  # the kernel path ran
     assert seen == sorted(seen) and len(set(seen)) == len(seen)
     assert stepper.readback() is None  # nothing new since
 

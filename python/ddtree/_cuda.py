@@ -117,3 +117,17 @@ WALK_FIELDS = ("verify_ids", "first_child", "next_sibling")
 def images() -> list[tuple[str, bool, int]]:
     """(module, is_ptx, arch) of every kernel image compiled into this build."""
     return _core.cuda_images()
+
+
+def mapped_pointer(device: torch.device, pinned: torch.Tensor) -> int | None:
+    """The device address of a pinned host tensor, or None where the driver does not map
+    pinned memory into the device's address space."""
+    try:
+        return _core.cuda_mapped_pointer(device_index(device), pinned.data_ptr())
+    except RuntimeError:
+        return None
+
+
+def readback_into(src: torch.Tensor, mapped: int) -> None:
+    """Kernel copy of int64 ``src`` into the mapped pinned memory at device address ``mapped``."""
+    _core.cuda_readback(*launch_on(src.device), src.data_ptr(), mapped, src.numel())

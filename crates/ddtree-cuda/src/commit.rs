@@ -130,3 +130,52 @@ pub unsafe fn gather_hidden(
         &mut p,
     )
 }
+
+/// The device address of pinned host memory at `host`, when the driver maps it into the
+/// device's address space (pinned allocations are mapped under unified addressing), so
+/// kernels can store into it.
+pub fn mapped_host_pointer(ordinal: usize, host: u64) -> Result<u64, CudaError> {
+    let dev = device(ordinal)?;
+    let _ctx = ContextGuard::enter(dev.ctx.cu_ctx())?;
+    let mut out: u64 = 0;
+    // SAFETY: the attribute query writes one CUdeviceptr into `out`.
+    let rc = unsafe {
+        cudarc::driver::sys::cuPointerGetAttribute(
+            (&mut out as *mut u64).cast(),
+            cudarc::driver::sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_POINTER,
+            host,
+        )
+    };
+    rc.result()
+        .map_err(|e| CudaError::driver("cuPointerGetAttribute(DEVICE_POINTER)", e))?;
+    Ok(out)
+}
+
+/// Copies `n` int64 words from device memory `src` to the mapped pinned memory at device
+/// address `dst` with a kernel (no copy engine).
+///
+/// # Safety
+/// `src` holds `n` words on device `ordinal`; `dst` comes from [`mapped_host_pointer`].
+pub unsafe fn readback(
+    ordinal: usize,
+    stream: u64,
+    src: u64,
+    dst: u64,
+    n: usize,
+) -> Result<(), CudaError> {
+    let dev = device(ordinal)?;
+    let _ctx = ContextGuard::enter(dev.ctx.cu_ctx())?;
+    let n = n as i32;
+    let mut p = Params::new();
+    p.arg(&src).arg(&dst).arg(&n);
+    let blocks = (n as u32).div_ceil(COMMIT_THREADS).clamp(1, 8);
+    launch(
+        "cuLaunchKernel(readback)",
+        dev.readback,
+        (blocks, 1, 1),
+        COMMIT_THREADS,
+        0,
+        stream as CUstream,
+        &mut p,
+    )
+}

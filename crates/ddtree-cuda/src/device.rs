@@ -57,6 +57,7 @@ pub struct Device {
     pub advance_rng: CUfunction,
     /// Stage 5.
     pub kept_slots: CUfunction,
+    pub readback: CUfunction,
     pub compact_kv: CUfunction,
     pub gather_hidden: CUfunction,
     _modules: Vec<CUmodule>,
@@ -145,6 +146,7 @@ impl Device {
             accept: accept_fns,
             advance_rng: f(accept, "ddtree_advance_rng")?,
             kept_slots: f(commit, "ddtree_kept_slots")?,
+            readback: f(commit, "ddtree_readback")?,
             compact_kv: f(commit, "ddtree_compact_kv")?,
             gather_hidden: f(commit, "ddtree_gather_hidden")?,
             _modules: modules,

@@ -13,7 +13,9 @@ pub mod fatbin;
 pub mod launch;
 
 pub use accept::{accept_tree, AcceptPtrs, Sampling, WalkTree};
-pub use commit::{compact_kv, gather_hidden, kept_slots, CommitPath};
+pub use commit::{
+    compact_kv, gather_hidden, kept_slots, mapped_host_pointer, readback, CommitPath,
+};
 
 /// The embedded fatbins (empty when built without the `kernels` feature).
 pub mod kernels {

@@ -176,3 +176,26 @@ pub fn cuda_gather_hidden(
     })
     .map_err(errors::cuda_to_py)
 }
+
+/// The device address of pinned host memory (`host`, a pinned tensor's data pointer).
+#[pyfunction]
+pub fn cuda_mapped_pointer(device: usize, host: usize) -> PyResult<usize> {
+    ddtree_cuda::mapped_host_pointer(device, host as u64)
+        .map(|p| p as usize)
+        .map_err(errors::cuda_to_py)
+}
+
+/// Kernel copy of `n` int64 words from device memory into mapped pinned host memory.
+#[pyfunction]
+pub fn cuda_readback(
+    py: Python<'_>,
+    device: usize,
+    stream: usize,
+    src: usize,
+    dst: usize,
+    n: usize,
+) -> PyResult<()> {
+    // SAFETY: `src` is a live CUDA tensor of n int64; `dst` came from cuda_mapped_pointer.
+    py.detach(|| unsafe { ddtree_cuda::readback(device, stream as u64, src as u64, dst as u64, n) })
+        .map_err(errors::cuda_to_py)
+}
