@@ -303,14 +303,14 @@ def test_readback_ring_reports_an_older_round_while_the_host_runs_ahead():
     seen = []
     for _ in range(12):
         stepper.step(x, roots, prefix)
-        stepper.accept(target)
+        acc = stepper.accept(target)
         host = stepper.readback()
         if host is not None:
             seen.append(host["round"])
     torch.cuda.synchronize()
     last = stepper.readback()
     assert last is not None and last["round"] == 11
-    assert torch.equal(last["accepted_tokens"], stepper.accept(target).accepted_tokens.cpu())
+    assert torch.equal(last["accepted_tokens"], acc.accepted_tokens.cpu())
     assert all(slot.mapped is not None for slot in stepper._ring)  # the kernel path ran
     assert seen == sorted(seen) and len(set(seen)) == len(seen)
     assert stepper.readback() is None  # nothing new since
