@@ -1,0 +1,204 @@
+// SPEC stage 4's sampling: one draw from a row's filtered target distribution —
+// temperature, then top-k, then top-p on the renormalised mass, then the Gumbel-max trick
+// over the kept tokens. Top-k and top-p are cuts in SPEC's order: a coarse pass bins the
+// tokens near the maximum by distance, and 8-bit radix passes over the order keys settle
+// the crossing bin only; histograms count tokens (top-k) or fixed-point probability mass
+// (top-p), and integer sums keep them deterministic. A sampled level reads its row once
+// into shared memory (when the slice fits) and runs its passes from there.
+#pragma once
+#include "accept_row.cuh"
+
+namespace ddtree {
+
+// Far tokens, more than kNearNats below the row's maximum (after temperature), never win
+// the Gumbel-max draw: a draw adds at most 16.7 to them and at least -2.9 to the maximum
+// (see gumbel()). The sampling passes skip them after one compare, and top-p counts their
+// mass as zero: each has under e^-27 of the maximum's, 2^-38.9 in the 2^-40 fixed point.
+constexpr float kNearNats = 27.0f;
+// The draw itself skips more: a token wins only if x/T + g >= m/T + g_min, so only tokens
+// within g_max - g_min = 16.64 + 2.81 = 19.45 nats of the maximum (19.6: room for rounding)
+// ever need their Gumbel number, the costly part of a pass.
+constexpr float kContenderNats = 19.6f;
+constexpr float kBinsPerNat = 9.0f;
+constexpr int kFarBin = 243;  // 27 * 9: the bin of every far token
+
+// Distances from the row's maximum m, in nats after temperature: the coarse bins of a
+// select (bin 0 holds the maximum) and each token's fixed-point mass.
+struct Scale {
+  float m;
+  float inv_temp;
+  float near_from;  // m - kNearNats * temperature: smaller values (and NaN) are far
+  __device__ __forceinline__ float nats(float x) const { return x == m ? 0.0f : (m - x) * inv_temp; }
+  // One compare: the test every pass makes first, for every token.
+  __device__ __forceinline__ bool far(float x) const { return !(x >= near_from); }
+  // Monotone in x (larger x, smaller bin).
+  __device__ __forceinline__ int bin(float x) const {
+    if (far(x)) return kFarBin;
+    return min(kFarBin - 1, static_cast<int>(nats(x) * kBinsPerNat));
+  }
+  __device__ __forceinline__ uint64_t mass(float x) const {
+    return static_cast<uint64_t>(static_cast<double>(__expf(-nats(x))) * kMassScale);
+  }
+};
+
+// A cut in SPEC's order: the kept tokens are those in a lower bin, and those of `bin` whose
+// key is >= `key`. Cut{kFarBin + 1, 0} keeps everything.
+struct Cut {
+  int bin;
+  uint64_t key;
+  __device__ __forceinline__ bool keeps(int b, uint64_t k) const {
+    return b < bin || (b == bin && k >= key);
+  }
+};
+
+__device__ __forceinline__ Cut keep_all() { return Cut{kFarBin + 1, 0}; }
+
+// Digit shifts of the 56-bit key that can differ between tokens: the value key's low bits
+// are zero for bf16 (16 significant bits) and fp16 (19), so those digits are skipped.
+template <typename T>
+__device__ __forceinline__ bool digit_matters(int shift) {
+  return shift < kIdBits || shift > 48 - KeyBits<T>::value;
+}
+
+// Weight of a token in a select: its count (top-k) or its fixed-point mass (top-p).
+struct Weight {
+  Scale sc;
+  bool mass;
+  __device__ __forceinline__ uint64_t of(float x) const { return mass ? sc.mass(x) : 1; }
+};
+
+// Within bin c: 8-bit radix passes over the keys of the tokens of c that `within` keeps,
+// to the key at which the running weight reaches `need`. Stops early when the crossing
+// digit's tokens are all kept (one token, or a count that takes them all).
+template <typename T>
+__device__ Cut refine_cut(const Slice<T>& slice, Weight w, Cut within, int c, uint64_t need,
+                          Cluster& cl) {
+  AcceptScratch& s = cl.s;
+  uint64_t prefix = 0, high = 0;  // the digits chosen so far, and their mask
+  for (int shift = 48; shift >= 0; shift -= 8) {
+    if (!digit_matters<T>(shift)) continue;
+    const int p = cl.begin_histogram();
+    slice.for_each([&](int i, float x) {
+      if (w.sc.far(x)) return;
+      const int b = w.sc.bin(x);
+      const uint64_t k = order_key(x, i);
+      if (b != c || !within.keeps(b, k) || (k & high) != prefix) return;
+      hist_add(s.hist[p], s.cnt[p], static_cast<int>(k >> shift) & 255, w.of(x));
+    });
+    cl.combine_histogram();
+    if (threadIdx.x < kWarp) warp_crossing_digit(s.total, need, &s.pick_digit, &s.pick_before);
+    __syncthreads();
+    const int d = s.pick_digit;
+    need -= s.pick_before;
+    prefix |= static_cast<uint64_t>(d) << shift;
+    high |= 255ull << shift;
+    if (s.total_cnt[d] <= 1 || (!w.mass && need >= s.total[d])) break;
+  }
+  return Cut{c, prefix};
+}
+
+// The cut where the running weight of the tokens `within` keeps, in SPEC's order, first
+// reaches `target` (top-k: a count; top-p: `fraction` of their total mass). One pass bins the
+// near tokens by distance from the maximum; refine_cut settles the crossing bin.
+template <typename T>
+__device__ Cut select_cut(const Slice<T>& slice, Weight w, Cut within, uint64_t target,
+                          float fraction, int V, Cluster& cl) {
+  AcceptScratch& s = cl.s;
+  const int p = cl.begin_histogram();
+  slice.for_each([&](int i, float x) {
+    if (w.sc.far(x)) return;
+    const int b = w.sc.bin(x);
+    if (!within.keeps(b, order_key(x, i))) return;
+    hist_add(s.hist[p], s.cnt[p], 255 - b, w.of(x));
+  });
+  cl.combine_histogram();
+  if (threadIdx.x < kWarp) {
+    uint64_t near = 0, mass = 0;
+    for (int i = threadIdx.x; i < 256; i += kWarp) {
+      near += s.total_cnt[i];
+      mass += s.total[i];
+    }
+    near = warp_sum_u64(near);
+    mass = warp_sum_u64(mass);
+    // Far tokens carry no mass; a count select (always over the whole row) counts them here.
+    if (!w.mass && threadIdx.x == 0) s.total[255 - kFarBin] = s.total_cnt[255 - kFarBin] = V - near;
+    if (w.mass) target = static_cast<uint64_t>(ceil(static_cast<double>(fraction) * mass));
+    if (target == 0) target = 1;
+    __syncwarp();
+    warp_crossing_digit(s.total, target, &s.pick_digit, &s.pick_before);
+    __syncwarp();
+    if (threadIdx.x == 0) s.need = w.mass && target > mass ? 0 : target - s.pick_before;
+  }
+  __syncthreads();
+  const int c = 255 - s.pick_digit;
+  const uint64_t need = s.need;
+  if (need == 0) return keep_all();  // rounding left top_p's target above the total
+  // A top-k cut among far tokens keeps every near token; the far ones it also keeps carry
+  // no mass and never win the draw, so keeping them all changes nothing.
+  if (c == kFarBin) return keep_all();
+  if (s.total_cnt[255 - c] <= 1 || (!w.mass && need >= s.total[255 - c])) return Cut{c, 0};
+  return refine_cut(slice, w, within, c, need, cl);
+}
+
+// Per-request sampling parameters (device arrays [bs]) and the generator state.
+struct SampleArgs {
+  const float* temperature;  // <= 0: greedy
+  const int* top_k;          // <= 0 or >= V: off
+  const float* top_p;        // >= 1: off
+  const long long* rng;      // [2]: seed, offset (advanced after every accept)
+};
+
+__device__ __forceinline__ uint64_t splitmix(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// A Gumbel(0, 1) draw from the counter (seed, offset, request, node, token). u takes 23
+// bits so that it is exactly representable in (0, 1) (24 bits would round the top value to
+// 1.0 and give +inf); full-precision logs keep -log(u) accurate near u = 1. So a draw lies
+// in [-2.9, 16.7].
+__device__ __forceinline__ float gumbel(uint64_t stream, int id) {
+  const uint64_t h = splitmix(stream ^ splitmix(static_cast<uint64_t>(id)));
+  const float u = (static_cast<float>(h >> 41) + 0.5f) * (1.0f / 8388608.0f);
+  return -logf(-logf(u));
+}
+
+// One draw from the filtered target distribution of the row.
+template <typename T>
+__device__ int sample_row(Slice<T>& slice, float temperature, int top_k, float top_p, int V,
+                          uint64_t stream, Cluster& cl) {
+  const uint64_t best = row_argmax_key(slice, cl);  // also fills the slice cache
+  slice.cached = slice.cache != nullptr;
+  // The largest value back from its key (float_key is invertible for non-NaN values).
+  const uint32_t vk = static_cast<uint32_t>(best >> kIdBits);
+  const uint32_t bits = (vk & 0x80000000u) ? (vk & 0x7fffffffu) : ~vk;
+  const float m = __uint_as_float(bits);
+  if (best == 0 || !(m > -INFINITY)) return argmax_token(best);  // nothing finite to draw from
+  const Scale sc{m, 1.0f / temperature, m - kNearNats * temperature};
+  Cut by_k = keep_all(), by_p = keep_all();
+  if (top_k > 0 && top_k < V) by_k = select_cut(slice, Weight{sc, false}, keep_all(), top_k, 0.0f, V, cl);
+  if (top_p < 1.0f) by_p = select_cut(slice, Weight{sc, true}, by_k, 1, top_p, V, cl);
+  // Gumbel-max over the kept tokens: an exact draw from their renormalised softmax(x / T).
+  float best_score = -INFINITY;
+  int best_id = key_id(best);
+  const float contender_from = m - kContenderNats * temperature;
+  slice.for_each([&](int i, float x) {
+    if (!(x >= contender_from)) return;  // cannot win (and NaN)
+    const int b = sc.bin(x);
+    const uint64_t k = order_key(x, i);
+    if (!by_k.keeps(b, k) || !by_p.keeps(b, k)) return;
+    const float g = x * sc.inv_temp + gumbel(stream, i);
+    if (g > best_score || (g == best_score && i < best_id)) {
+      best_score = g;
+      best_id = i;
+    }
+  });
+  // Largest score, lowest id: pack (score key, ~id) and take the cluster maximum.
+  const uint64_t packed = best_score > -INFINITY ? order_key(best_score, best_id) : 0;
+  const uint64_t win = cl.max(packed);
+  return win != 0 ? key_id(win) : key_id(best);
+}
+
+}  // namespace ddtree
