@@ -1,7 +1,7 @@
 //! SPEC stage 4 on the GPU: the walk along the target's posterior tokens, one cluster of
 //! blocks per request (`kernels/accept.cu`).
 
-use crate::device::{device, ContextGuard};
+use crate::device::enter_device;
 use crate::{launch, CudaError, Dtype, Logits, Params};
 use cudarc::driver::sys::CUstream;
 
@@ -66,8 +66,7 @@ pub unsafe fn accept_tree(
             target.shape
         )));
     }
-    let dev = device(ordinal)?;
-    let _ctx = ContextGuard::enter(dev.ctx.cu_ctx())?;
+    let (dev, _ctx) = enter_device(ordinal)?;
     let f = dev.accept[match target.dtype {
         Dtype::F32 => 0,
         Dtype::F16 => 1,

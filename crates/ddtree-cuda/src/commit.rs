@@ -1,7 +1,7 @@
 //! SPEC stage 5 on the GPU (`kernels/commit.cu`): kept KV slots, in-place compaction of
 //! paged caches, and the gather of the accepted nodes' hidden states.
 
-use crate::device::{device, ContextGuard};
+use crate::device::enter_device;
 use crate::{launch, CudaError, Params};
 use cudarc::driver::sys::CUstream;
 
@@ -32,8 +32,7 @@ pub unsafe fn kept_slots(
     kept: u64,
     release: u64,
 ) -> Result<(), CudaError> {
-    let dev = device(ordinal)?;
-    let _ctx = ContextGuard::enter(dev.ctx.cu_ctx())?;
+    let (dev, _ctx) = enter_device(ordinal)?;
     let (q, pl) = (path.q as i32, path.path_len as i32);
     let mut p = Params::new();
     p.arg(&window)
@@ -73,8 +72,7 @@ pub unsafe fn compact_kv(
     if count == 0 || row_bytes == 0 {
         return Ok(());
     }
-    let dev = device(ordinal)?;
-    let _ctx = ContextGuard::enter(dev.ctx.cu_ctx())?;
+    let (dev, _ctx) = enter_device(ordinal)?;
     let (rb, q, pl) = (row_bytes as i64, path.q as i32, path.path_len as i32);
     let mut p = Params::new();
     p.arg(&buffers)
@@ -109,8 +107,7 @@ pub unsafe fn gather_hidden(
     row_bytes: usize,
     out: u64,
 ) -> Result<(), CudaError> {
-    let dev = device(ordinal)?;
-    let _ctx = ContextGuard::enter(dev.ctx.cu_ctx())?;
+    let (dev, _ctx) = enter_device(ordinal)?;
     let (rb, q, pl) = (row_bytes as i64, path.q as i32, path.path_len as i32);
     let mut p = Params::new();
     p.arg(&hidden)
@@ -135,8 +132,7 @@ pub unsafe fn gather_hidden(
 /// device's address space (pinned allocations are mapped under unified addressing), so
 /// kernels can store into it.
 pub fn mapped_host_pointer(ordinal: usize, host: u64) -> Result<u64, CudaError> {
-    let dev = device(ordinal)?;
-    let _ctx = ContextGuard::enter(dev.ctx.cu_ctx())?;
+    let (_dev, _ctx) = enter_device(ordinal)?;
     let mut out: u64 = 0;
     // SAFETY: the attribute query writes one CUdeviceptr into `out`.
     let rc = unsafe {
@@ -163,8 +159,7 @@ pub unsafe fn readback(
     dst: u64,
     n: usize,
 ) -> Result<(), CudaError> {
-    let dev = device(ordinal)?;
-    let _ctx = ContextGuard::enter(dev.ctx.cu_ctx())?;
+    let (dev, _ctx) = enter_device(ordinal)?;
     let n = n as i32;
     let mut p = Params::new();
     p.arg(&src).arg(&dst).arg(&n);

@@ -71,6 +71,14 @@ unsafe impl Sync for Device {}
 static DEVICES: OnceLock<Mutex<HashMap<usize, Arc<Device>>>> = OnceLock::new();
 
 /// The loaded kernels of device `ordinal` (loaded on first use).
+/// The loaded device `ordinal`, with its context current until the guard drops: what every
+/// launch does first.
+pub fn enter_device(ordinal: usize) -> Result<(Arc<Device>, ContextGuard), CudaError> {
+    let dev = device(ordinal)?;
+    let guard = ContextGuard::enter(dev.ctx.cu_ctx())?;
+    Ok((dev, guard))
+}
+
 pub fn device(ordinal: usize) -> Result<Arc<Device>, CudaError> {
     // cudarc panics when it cannot load libcuda; ask first so Python gets an exception.
     if !unsafe { sys::is_culib_present() } {

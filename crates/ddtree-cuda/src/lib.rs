@@ -24,7 +24,7 @@ pub mod kernels {
 
 use cudarc::driver::result::{self, DriverError};
 use cudarc::driver::sys::{CUfunction, CUstream};
-use device::{device, ContextGuard, Device};
+use device::{device, enter_device, Device};
 use launch::{BuildShape, CANDIDATE_THREADS, EMIT_THREADS};
 use std::ffi::c_void;
 use std::fmt;
@@ -204,8 +204,7 @@ pub unsafe fn build_tree(
         k,
     };
     shape.check()?;
-    let dev = device(ordinal)?;
-    let _ctx = ContextGuard::enter(dev.ctx.cu_ctx())?;
+    let (dev, _ctx) = enter_device(ordinal)?;
     let stream = stream as CUstream;
     if stages & STAGE_CANDIDATES != 0 {
         launch_candidates(&dev, stream, &shape, &logits, &out, &scratch)?;
@@ -364,8 +363,7 @@ pub unsafe fn full_mask(
     out: u64,
     out_len: usize,
 ) -> Result<(), CudaError> {
-    let dev = device(ordinal)?;
-    let _ctx = ContextGuard::enter(dev.ctx.cu_ctx())?;
+    let (dev, _ctx) = enter_device(ordinal)?;
     let (qq, wp, len) = (q as i32, write_prefix as i32, out_len as i64);
     let mut p = Params::new();
     p.arg(&ancestor_bits)
