@@ -118,9 +118,9 @@ def sampling_params(bs: int, temperature, top_k, top_p):
     k = _per_request("top_k", top_k, bs, torch.int64, 0, numbers.Integral)
     p = _per_request("top_p", top_p, bs, torch.float64, 1.0, numbers.Real)
     if not bool(torch.isfinite(temp).all()) or bool((temp < 0).any()):
-        raise ValueError("temperature: must be finite and ≥ 0")
+        raise ValueError(_sampling.TEMPERATURE_RULE)
     if bool(((p <= 0) | (p > 1) | torch.isnan(p)).any()):
-        raise ValueError("top_p: must be in (0, 1]")
+        raise ValueError(_sampling.TOP_P_RULE)
     if bool((temp == 0).all()):
         return None
     return temp, k, p

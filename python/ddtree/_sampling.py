@@ -13,15 +13,18 @@ import numbers
 import torch
 
 SEED_MASK = (1 << 63) - 1
+# The value rules, shared with the CPU path's checks of whole tensors (_api.sampling_params).
+TEMPERATURE_RULE = "temperature: must be finite and ≥ 0"
+TOP_P_RULE = "top_p: must be in (0, 1]"
 
 
 def _check_scalar(name: str, value, kind) -> None:
     if isinstance(value, bool) or not isinstance(value, kind):
         raise TypeError(f"{name}: expected None, a number or a tensor, got {type(value).__name__}")
     if name == "temperature" and not (math.isfinite(value) and value >= 0):
-        raise ValueError("temperature: must be finite and ≥ 0")
+        raise ValueError(TEMPERATURE_RULE)
     if name == "top_p" and not (0 < value <= 1):
-        raise ValueError("top_p: must be in (0, 1]")
+        raise ValueError(TOP_P_RULE)
     if name == "top_k" and value < 0:
         raise ValueError("top_k: must be ≥ 0 (0 = off)")
 
