@@ -162,6 +162,24 @@ def test_gpu_sampling_at_a_real_vocabulary(temperature, top_k, top_p):
     assert stat < chi_square_limit(max(df, 1)), stat
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_top_k_and_top_p_cut_inside_a_tie_of_negative_values(dtype):
+    # Ids 0, 1, 2 tie at -1.0 (bf16/fp16 keys have constant low bits, all ones when the
+    # value is negative): top_k=2 and top_p=0.5 each keep ids 0 and 1 only.
+    draws, vocab = 512, 6
+    x = torch.zeros(draws, 1, vocab, device=DEV)
+    x[:, 0, 5] = 5.0
+    z = torch.zeros(draws, dtype=torch.int64, device=DEV)
+    tree = ddtree.build_tree(x, z, z, budget=1)
+    row = torch.tensor([-1.0, -1.0, -1.0, -3.0, -4.0, -5.0])
+    target = row.expand(draws, 2, vocab).contiguous().to(dtype).to(DEV)
+    for kw in ({"top_k": 2}, {"top_p": 0.5}):
+        acc = ddtree.accept_tree(tree, target, temperature=1.0, generator=4, **kw)
+        first = torch.where(acc.accept_len == 2, acc.accepted_tokens[:, 1], acc.bonus).cpu()
+        counts = torch.bincount(first, minlength=vocab).tolist()
+        assert counts[2:] == [0, 0, 0, 0] and min(counts[:2]) > 150, (kw, counts)
+
+
 def test_gpu_chi_square_catches_a_wrong_temperature_or_top_p():
     tokens = first_new_tokens(40_000, 5, device=DEV, temperature=1.0)
     stat, df = chi_square(tokens, filtered(1.3, None, None))
@@ -334,6 +352,41 @@ def test_graph_replays_keep_an_older_readback_while_a_newer_replay_runs():
     torch.cuda.synchronize()
     newest = stepper.readback()
     assert newest is not None and newest["round"] == host["round"] + 1
+
+
+def test_readback_of_a_tree_shallower_than_the_stepper():
+    stepper = ddtree.Stepper(max_batch=4, budget=15, depth=6, vocab=50, device=DEV)
+    x = torch.randn(4, 2, 50, device=DEV)
+    z = torch.zeros(4, dtype=torch.int64, device=DEV)
+    stepper.step(x, z, z)
+    acc = stepper.accept(torch.randn(4, 16, 50, device=DEV))
+    host = stepper.readback(wait=True)
+    assert host["accepted_tokens"].shape == (4, 3)
+    assert torch.equal(host["accepted_tokens"], acc.accepted_tokens.cpu())
+    assert torch.equal(host["accept_len"], acc.accept_len.cpu())
+
+
+def test_buckets_and_eager_accepts_share_one_readback_ring():
+    # Interleaved replays of two buckets and eager accepts: every readback is the round just
+    # run, and a slot is rewritten only READBACK_SLOTS writes later.
+    stepper, x, roots, prefix, base = small_round(bs=8, budget=63)
+    for bs in (4, 8):
+        stepper.capture(
+            x[:bs], roots[:bs], prefix[:bs], lambda tree, bs=bs: verify_stand_in(tree, base[:bs])
+        )
+    assert stepper.readback() is None  # the captured writes have not run
+    held = []
+    for bs in (4, 8, 8, 4, 0, 4, 8, 0):
+        if bs:
+            acc = stepper.replay(bs).acc
+        else:
+            stepper.step(x, roots, prefix)
+            acc = stepper.accept(verify_stand_in(stepper._tree, base))
+        host = stepper.readback(wait=True)
+        assert torch.equal(host["accepted_tokens"], acc.accepted_tokens.cpu())
+        held.append(host["round"])
+    stamps = sorted(slot.stamp for slot in stepper._ring)
+    assert stamps == held[-4:]
 
 
 def test_readback_does_not_block_and_accept_never_syncs():

@@ -32,18 +32,21 @@ class _Readback:
         self.mapped = _cuda.mapped_pointer(self.device_span.device, self.host)
         base = min(bufs.regions[name][1] for name in _READBACK)
         self.fields = {name: bufs.regions[name][1] - base for name in _READBACK}
-        self.path = bufs.storage["accepted_tokens"].numel() // bufs.storage["bonus"].numel()
         self.event = _new_event()
         self.stamp = -1  # which readback write this slot holds (-1: none yet)
-        self.bs = 0
+        self.bs, self.path = 0, 0  # the shape of what it holds: [bs, path] tokens
 
     def start(self, acc: Acceptance, stamp: int) -> None:
-        self.bs = acc.batch_size
+        self.hold(acc, stamp)
         if self.mapped is None:
             self.host.copy_(self.device_span, non_blocking=True)
         else:
             _cuda.readback_into(self.device_span, self.mapped)
         self.event.record()
+
+    def hold(self, acc: Acceptance, stamp: int) -> None:
+        """Says what the slot holds once its pending write lands."""
+        self.bs, self.path = acc.accepted_tokens.shape
         self.stamp = stamp
 
     def result(self) -> dict:
@@ -118,11 +121,10 @@ class Stepper:
         """Sampling state, readback pinned buffers and event, commit outputs (CUDA only)."""
         self._sampling = None
         self._ring: list[_Readback] = []
-        self._accepts = 0  # accepts issued (eager calls and captures)
+        self._cursor = 0  # readback writes issued: eager accepts, captures and replays
         self._stamp = -1  # readback writes issued (accepts and graph replays)
         self._returned = -1  # stamp of the last readback returned
         self._graphs: dict[int, list[RoundGraph]] = {}
-        self._replays: dict[int, int] = {}
         self._caches: _commit.CacheTable | None = None
         if self.device.type != "cuda":
             return
@@ -196,8 +198,8 @@ class Stepper:
         """Async copies of the acceptance into the next pinned slot of a ring, then its
         event (an external event node when this runs inside a graph capture). The ring lets
         the host run a few rounds ahead and still find an older round's tokens ready."""
-        slot = self._ring[self._accepts % READBACK_SLOTS]
-        self._accepts += 1
+        slot = self._ring[self._cursor % READBACK_SLOTS]
+        self._cursor += 1
         self._stamp += 1
         slot.start(acc, self._stamp)
 
@@ -247,11 +249,12 @@ class Stepper:
         values written into the same input tensors. Returns the ``RoundGraph`` (its
         ``tree`` and ``acc`` are the views each replay rewrites).
 
-        The round is captured READBACK_SLOTS times, each graph writing its own readback
-        slot, and replays take them in turn (sharing one memory pool: they never run at
-        once). So a host running a few replays ahead still finds an older replay's tokens
-        ready, as in eager mode; with one graph every replay would rewrite the slot the
-        host waits on."""
+        The round is captured READBACK_SLOTS times, graph i writing readback slot i (the
+        graphs share one memory pool: they never run at once); a replay runs the graph of
+        the next slot of the ring that eager accepts also advance. So a host running a few
+        replays ahead still finds an older replay's tokens ready, as in eager mode; with
+        one graph every replay would rewrite the slot the host waits on. The slots' earlier
+        contents are dropped at capture (readback returns None until a write lands)."""
         self._check_open()
         if self.device.type != "cuda":
             raise ValueError("Stepper.capture: CUDA graphs need device='cuda'")
@@ -268,15 +271,18 @@ class Stepper:
 
         round_()  # warm-up outside capture (cuBLAS handles, caching allocator)
         torch.cuda.synchronize(self.device)
-        graphs, pool = [], None
-        for _ in range(READBACK_SLOTS):
+        graphs, pool, cursor = [], None, self._cursor
+        for i in range(READBACK_SLOTS):
+            self._cursor = i  # graph i writes slot i
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
                 tree, acc = round_()
             pool = graph.pool()
-            slot = self._ring[(self._accepts - 1) % READBACK_SLOTS]  # the one it wrote
-            graphs.append(RoundGraph(graph, tree, acc, slot))
-        self._graphs[bs], self._replays[bs] = graphs, 0
+            graphs.append(RoundGraph(graph, tree, acc, self._ring[i]))
+        self._cursor = cursor
+        for slot in self._ring:  # captured writes have not run: the slots hold nothing yet
+            slot.stamp = -1
+        self._graphs[bs] = graphs
         return graphs[0]
 
     def replay(self, bs: int):
@@ -285,12 +291,13 @@ class Stepper:
         graphs = self._graphs.get(bs)
         if graphs is None:
             raise ValueError(f"bs: no round captured for batch size {bs}; call capture() first")
-        graph = graphs[self._replays[bs] % len(graphs)]
-        self._replays[bs] += 1
+        # Eager accepts and every bucket's replays take slots from one cursor, so a slot is
+        # rewritten only READBACK_SLOTS readback writes later.
+        graph = graphs[self._cursor % READBACK_SLOTS]
+        self._cursor += 1
         graph.graph.replay()
         self._stamp += 1
-        # The replay rewrote the slot its capture wrote; other buckets' graphs share it.
-        graph.slot.stamp, graph.slot.bs = self._stamp, graph.acc.batch_size
+        graph.slot.hold(graph.acc, self._stamp)
         self._tree, self._acc = graph.tree, graph.acc
         return graph
 

@@ -13,7 +13,8 @@ namespace ddtree {
 // Far tokens, more than kNearNats below the row's maximum (after temperature), never win
 // the Gumbel-max draw: a draw adds at most 16.7 to them and at least -2.9 to the maximum
 // (see gumbel()). The sampling passes skip them after one compare, and top-p counts their
-// mass as zero: each has under e^-27 of the maximum's, 2^-38.9 in the 2^-40 fixed point.
+// mass as zero: each has under e^-27 of the maximum's (about 2 units of the 2^40 fixed
+// point), all of them together under V * e^-27 of the total (3e-7 at V = 151936).
 constexpr float kNearNats = 27.0f;
 // The draw itself skips more: a token wins only if x/T + g >= m/T + g_min, so only tokens
 // within g_max - g_min = 16.64 + 2.81 = 19.45 nats of the maximum (19.6: room for rounding)
@@ -76,7 +77,14 @@ __device__ Cut refine_cut(const Slice<T>& slice, Weight w, Cut within, int c, ui
   AcceptScratch& s = cl.s;
   uint64_t prefix = 0, high = 0;  // the digits chosen so far, and their mask
   for (int shift = 48; shift >= 0; shift -= 8) {
-    if (!digit_matters<T>(shift)) continue;
+    if (!digit_matters<T>(shift)) {
+      // Every token's key holds the same bits here: 0 for a positive value, all ones for a
+      // negative one (float_key inverts it), known from the sign digit decided first.
+      const uint64_t fill = (prefix >> 55) & 1 ? 0 : 255;
+      prefix |= fill << shift;
+      high |= 255ull << shift;
+      continue;
+    }
     const int p = cl.begin_histogram();
     slice.for_each([&](int i, float x) {
       if (w.sc.far(x)) return;
