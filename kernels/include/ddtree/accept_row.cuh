@@ -29,7 +29,6 @@ constexpr int kAcceptLoadBatch = 4;
 #endif
 constexpr int kIdBits = 24;              // V <= 2^24
 constexpr uint64_t kIdMask = (1ull << kIdBits) - 1;
-constexpr double kMassScale = 1099511627776.0;  // 2^40: fixed-point probability mass
 
 // Elements of a row each block owns: a multiple of 8 keeps every slice 16-byte aligned.
 __host__ __device__ constexpr int accept_slice_len(int V) {
@@ -123,11 +122,6 @@ __device__ __forceinline__ uint64_t warp_max_u64(uint64_t v) {
     const uint64_t w = __shfl_xor_sync(0xffffffffu, v, o);
     v = w > v ? w : v;
   }
-  return v;
-}
-
-__device__ __forceinline__ uint64_t warp_sum_u64(uint64_t v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
 

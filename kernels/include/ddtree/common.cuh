@@ -39,7 +39,9 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-__device__ __forceinline__ double warp_sum(double v) {
+// The sum over the warp's 32 lanes (int, uint64_t, double), in a fixed order.
+template <typename T>
+__device__ __forceinline__ T warp_sum(T v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
@@ -65,7 +67,7 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
 }
 
 __device__ __forceinline__ double block_sum(double v, double* scratch) {
-  return block_reduce(v, scratch, 0.0, warp_sum);
+  return block_reduce(v, scratch, 0.0, warp_sum<double>);
 }
 
 __device__ __forceinline__ int block_any(int v, int* scratch) {

@@ -16,6 +16,7 @@ namespace ddtree {
 // mass as zero: each has under e^-27 of the maximum's (about 2 units of the 2^40 fixed
 // point), all of them together under V * e^-27 of the total (3e-7 at V = 151936).
 constexpr float kNearNats = 27.0f;
+constexpr double kMassScale = 1099511627776.0;  // 2^40: fixed-point probability mass
 // The draw itself skips more: a token wins only if x/T + g >= m/T + g_min, so only tokens
 // within g_max - g_min = 16.64 + 2.81 = 19.45 nats of the maximum (19.6: room for rounding)
 // ever need their Gumbel number, the costly part of a pass.
@@ -55,7 +56,7 @@ struct Cut {
 __device__ __forceinline__ Cut keep_all() { return Cut{kFarBin + 1, 0}; }
 
 // Digit shifts of the 56-bit key that can differ between tokens: the value key's low bits
-// are zero for bf16 (16 significant bits) and fp16 (19), so those digits are skipped.
+// are constant for bf16 (16 significant bits) and fp16 (19), so those digits are skipped.
 template <typename T>
 __device__ __forceinline__ bool digit_matters(int shift) {
   return shift < kIdBits || shift > 48 - KeyBits<T>::value;
@@ -126,8 +127,8 @@ __device__ Cut select_cut(const Slice<T>& slice, Weight w, Cut within, uint64_t 
       near += s.total_cnt[i];
       mass += s.total[i];
     }
-    near = warp_sum_u64(near);
-    mass = warp_sum_u64(mass);
+    near = warp_sum(near);
+    mass = warp_sum(mass);
     // Far tokens carry no mass; a count select (always over the whole row) counts them here.
     if (!w.mass && threadIdx.x == 0) s.total[255 - kFarBin] = s.total_cnt[255 - kFarBin] = V - near;
     if (w.mass) target = static_cast<uint64_t>(ceil(static_cast<double>(fraction) * mass));

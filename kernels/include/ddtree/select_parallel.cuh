@@ -109,11 +109,6 @@ struct BlockScratch {
   }
 };
 
-__device__ __forceinline__ int warp_add(int v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
 __device__ __forceinline__ double warp_min(double v) {
   for (int o = 16; o > 0; o >>= 1) v = fmin(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
@@ -234,7 +229,7 @@ __device__ int count_at_least(Store s, int n, int lo, int np, const float* row, 
   int m, counts[kStoreItems];
   const int first = parent_share(np, &m);
   c += share_children(s, lo, np, first, m, row, eligible, t, counts);
-  return block_reduce(c, bs.ints, 0, warp_add);
+  return block_reduce(c, bs.ints, 0, warp_sum<int>);
 }
 
 // The lowest score among the store and the children of store[lo, lo+np).
