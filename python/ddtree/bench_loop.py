@@ -253,30 +253,29 @@ def gpu_intervals(run, model: Model, rounds: int, names: list | None = None) -> 
     return [(s, e) for s, e, _ in steady]
 
 
-def ddtree_idle_us(named: list, rounds: int) -> float:
-    """Idle µs per round in gaps next to ddtree's own work (its kernels and readback
-    copies); the rest of the idle lies between the stand-in model's kernels."""
-    named = sorted(named)
-    ours = ("ddtree_", "Memcpy DtoH")
-    total, end, before = 0.0, named[0][1], named[0][2]
-    for s, e, name in named[1:]:
-        if s > end and any(m in before or m in name for m in ours):
-            total += s - end
-        if e >= end:
-            end, before = e, name
-    return total / rounds
-
-
-def largest_gaps(named: list, count: int = 5) -> list[tuple[float, str, str]]:
-    """The `count` longest idle gaps: (µs, the work before, the work after)."""
+def idle_gaps(named: list) -> list[tuple[float, str, str]]:
+    """Every idle gap of a (start, end, name) timeline: (µs, the work before, the work after)."""
     named = sorted(named)
     gaps, end, before = [], named[0][1], named[0][2]
     for s, e, name in named[1:]:
         if s > end:
-            gaps.append((s - end, before[:40], name[:40]))
+            gaps.append((s - end, before, name))
         if e >= end:
             end, before = e, name
-    return sorted(gaps, reverse=True)[:count]
+    return gaps
+
+
+def ddtree_idle_us(named: list, rounds: int) -> float:
+    """Idle µs per round in gaps next to ddtree's own work (its kernels and readback
+    copies); the rest of the idle lies between the stand-in model's kernels."""
+    ours = ("ddtree_", "Memcpy DtoH")
+    gaps = idle_gaps(named)
+    return sum(g for g, a, b in gaps if any(m in a or m in b for m in ours)) / rounds
+
+
+def largest_gaps(named: list, count: int = 5) -> list[tuple[float, str, str]]:
+    """The `count` longest idle gaps: (µs, the work before, the work after)."""
+    return [(g, a[:40], b[:40]) for g, a, b in sorted(idle_gaps(named), reverse=True)[:count]]
 
 
 def busy_stats(intervals, rounds: int) -> dict:
