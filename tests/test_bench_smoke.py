@@ -1,12 +1,16 @@
-"""Smoke test of ``python -m ddtree bench`` at a tiny size: it runs and prints its table."""
+"""Smoke tests of ``python -m ddtree bench``: it runs at a tiny size; bad flags exit with 2."""
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 
 import pytest
 import torch
+
+from ddtree import bench, bench_loop
+from ddtree.__main__ import build_parser, main
 
 TINY = ["--bs", "2", "--vocab", "1000", "--budget", "15", "--depth", "4"]
 FAST = ["--repeats", "1", "--ref-requests", "1"]
@@ -37,10 +41,37 @@ def test_loop_bench_without_a_gpu_exits_2():
     assert "no CUDA device" in proc.stderr
 
 
+def exit_code(argv) -> int:
+    """``python -m ddtree`` in this process (fast): its return value or SystemExit code."""
+    try:
+        return main(argv)
+    except SystemExit as e:
+        return e.code
+
+
+@pytest.mark.parametrize("mode", [[], ["--loop"], ["--device", "cuda"]])
+@pytest.mark.parametrize("flag, value", [("--budget", "100000"), ("--depth", "40")])
+def test_limits_are_argument_errors(mode, flag, value, capsys):
+    assert exit_code(["bench", *mode, *TINY, *FAST, flag, value]) == 2
+    assert flag in capsys.readouterr().err
+
+
+def test_every_flag_has_help():
+    parsers = {"bench": argparse.ArgumentParser(), "loop": bench_loop.parser()}
+    bench.add_arguments(parsers["bench"])
+    for name, p in parsers.items():
+        for action in p._actions:
+            assert action.help, (name, action.option_strings)
+    assert exit_code(["bench", "--loop", "--help"]) == 0
+
+
+def test_top_level_help_names_the_gpu_benchmarks():
+    text = " ".join(build_parser().format_help().split())
+    assert "--device cuda" in text and "--loop" in text, text
+
+
 def test_loop_plot_draws_saved_intervals(tmp_path):
     pytest.importorskip("matplotlib")
-    from ddtree import bench_loop
-
     spans = {"cpu": [[0.0, 5.0], [100.0, 120.0]], "eager": [[0.0, 50.0]]}
     saved = tmp_path / "loop.json"
     saved.write_text(__import__("json").dumps(spans))

@@ -42,6 +42,7 @@ def build(x, roots, prefix, **kw):
         (lambda a: (a[0], a[1], a[2] - 1), ValueError, "prefix_lens"),
         (lambda a: (a[0], a[1].to("meta"), a[2]), ValueError, "root_tokens"),
         (lambda a: (a[0], a[1], a[2].to("meta")), ValueError, "prefix_lens"),
+        (lambda a: (a[0].to("meta"), a[1], a[2]), ValueError, "draft_logits"),
     ],
 )
 def test_bad_tensors_name_the_argument(mutate, exc, name):
@@ -107,3 +108,53 @@ def test_nothing_is_written_when_a_check_fails():
     with pytest.raises(ValueError, match="root_tokens"):
         stepper.step(torch.randn(2, 3, 10), roots + 99, prefix)
     assert torch.equal(tree.verify_ids, before)
+
+
+def peaked(bs=2, depth=3, vocab=10, token=9):
+    """Draft logits whose best token at every depth is ``token``: it is in every tree."""
+    x = torch.randn(bs, depth, vocab)
+    x[..., token] = 20.0
+    return x
+
+
+def test_accept_refuses_a_target_vocabulary_smaller_than_the_trees_tokens():
+    x, roots, prefix = args()
+    tree = build(peaked(), roots, prefix)
+    with pytest.raises(ValueError, match="target_logits"):
+        ddtree.accept_tree(tree, torch.randn(2, 9, 5))
+
+
+def test_stepper_accept_wants_the_vocabulary_of_the_last_step():
+    stepper = ddtree.Stepper(max_batch=2, budget=8, depth=3, vocab=10, device="cpu")
+    _, roots, prefix = args()
+    stepper.step(peaked(vocab=6, token=1), roots, prefix)
+    for vocab in (5, 10, 12):  # the bonus must stay inside the draft's V = 6
+        with pytest.raises(ValueError, match="target_logits"):
+            stepper.accept(torch.randn(2, 9, vocab))
+    assert stepper.accept(torch.randn(2, 9, 6)).bonus.max() < 6
+
+
+@pytest.mark.parametrize("seq_lens", [[-50, 3], [10**15, 3], [2**62, 2**62]])
+def test_mask_refuses_negative_or_absurd_seq_lens(seq_lens):
+    tree = build(*args())
+    with pytest.raises(ValueError, match="seq_lens"):
+        tree.sglang_custom_mask(torch.tensor(seq_lens))
+    with pytest.raises(ValueError, match="seq_lens"):
+        tree.sglang_custom_mask(torch.tensor(seq_lens), out=torch.zeros(10**4, dtype=torch.bool))
+
+
+def test_positions_that_would_overflow_int64_are_refused():
+    limit = torch.iinfo(I64).max - 3  # depth 3: the deepest position is prefix + 3
+    x, roots, _ = args()
+    stepper = ddtree.Stepper(max_batch=2, budget=8, depth=3, vocab=10, device="cpu")
+    for run in (build, stepper.step):
+        with pytest.raises(ValueError, match="prefix_lens"):
+            run(x, roots, torch.tensor([limit + 1, 0]))
+        tree = run(peaked(), roots, torch.tensor([limit, 0]))
+        assert int(tree.positions[0].min()) == limit and int(tree.depths.max()) == 3
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_cuda_stepper_without_cuda_says_to_pass_cpu():
+    with pytest.raises(ValueError, match='device="cpu"'):
+        ddtree.Stepper()

@@ -53,12 +53,6 @@ def test_stepper_limits_and_lifecycle():
         stepper.step(torch.randn(2, 3, 10), z[:2], z[:2])
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
-def test_cuda_without_a_gpu_raises_a_clear_error():
-    with pytest.raises((RuntimeError, AssertionError)):
-        ddtree.Stepper(device="cuda:0")
-
-
 def test_unsupported_devices_are_refused():
     with pytest.raises(ValueError, match="device"):
         ddtree.Stepper(device="meta")
@@ -70,4 +64,20 @@ def test_readback_copies_are_host_tensors(rng):
     stepper.step(x, torch.zeros(2, dtype=torch.int64), torch.zeros(2, dtype=torch.int64))
     stepper.accept(torch.randn(2, 5, 10))
     host = stepper.readback(wait=True)
-    assert all(t.device.type == "cpu" for t in host.values())
+    assert all(t.device.type == "cpu" for name, t in host.items() if name != "round")
+
+
+def test_readback_on_the_cpu_keeps_each_rounds_tokens(rng):
+    """Copies, like CUDA's pinned slots: the next accept must not rewrite a result."""
+    stepper = ddtree.Stepper(max_batch=2, budget=4, depth=3, vocab=10, device="cpu")
+    x = torch.from_numpy(rng.standard_normal((2, 3, 10)).astype(np.float32))
+    stepper.step(x, torch.zeros(2, dtype=torch.int64), torch.zeros(2, dtype=torch.int64))
+    hosts = []
+    for token in (1, 2):  # every posterior token is `token`, so the bonus is too
+        target = torch.zeros(2, 5, 10)
+        target[..., token] = 1.0
+        stepper.accept(target)
+        hosts.append(stepper.readback())
+    for round_, (host, token) in enumerate(zip(hosts, (1, 2), strict=True)):
+        assert host["round"] == round_
+        assert host["bonus"].tolist() == [token, token]

@@ -14,7 +14,11 @@ from . import bench
 # name -> (module, one-line help). The module is imported eagerly: every command is cheap to
 # import (torch is already a dependency of the package itself).
 COMMANDS = {
-    "bench": (bench, "time the reference and the Rust CPU path, stage by stage"),
+    "bench": (
+        bench,
+        "time a round per stage: the reference vs the Rust CPU path; --device cuda: the GPU "
+        "build; --loop: a GPU decode loop",
+    ),
 }
 
 

@@ -32,15 +32,19 @@ def k_of(budget: int, vocab: int, topk: int | None) -> int:
 
 def check_build(draft_logits, root_tokens, prefix_lens, budget, topk):
     x = _validate.logits("draft_logits", draft_logits, max_depth=_validate.MAX_DEPTH)
-    bs, _, vocab = x.shape
+    # First: the other inputs are checked against draft_logits' device, so an unsupported
+    # one must be blamed on draft_logits rather than on whichever argument comes next.
+    _validate.supported_device(x.device, "draft_logits")
+    bs, depth, vocab = x.shape
     roots = _validate.index_vector("root_tokens", root_tokens, bs, x.device)
     prefix = _validate.index_vector("prefix_lens", prefix_lens, bs, x.device)
     budget = _validate.positive_int("budget", budget, limit=_validate.MAX_BUDGET)
     topk = _validate.optional_positive_int("topk", topk)
-    # On the GPU these two are per-request `status` codes (checking here would sync).
+    # On the GPU these are not checked here (it would sync): a root outside the vocabulary
+    # and a negative prefix are per-request `status` codes; overflowing positions are not
+    # detected.
     _validate.in_vocab("root_tokens", roots, vocab)
-    _validate.non_negative("prefix_lens", prefix)
-    _validate.supported_device(x.device, "draft_logits")
+    _validate.prefix_lens(prefix, depth)
     return x, roots, prefix, budget, topk
 
 
@@ -55,13 +59,15 @@ def accept_tree(
     return acc
 
 
-def accept_into(tree, target_logits, acc, temperature, top_k, top_p, generator, state=None) -> None:
+def accept_into(
+    tree, target_logits, acc, temperature, top_k, top_p, generator, state=None, vocab=None
+) -> None:
     """Checks every argument, then runs the greedy or the sampling walk into ``acc``.
 
     On CUDA, ``state`` is the caller's ``SamplingState`` (the Stepper's, so that nothing is
     allocated and the generator's offset carries over); without one, a fresh state seeded
-    from ``generator`` is used."""
-    t = check_target(tree, target_logits)
+    from ``generator`` is used. ``vocab`` is the draft's V where the caller knows it."""
+    t = check_target(tree, target_logits, vocab)
     if t.device.type == "cuda":
         cuda_accept_into(tree, t, acc, temperature, top_k, top_p, generator, state)
         return
@@ -85,7 +91,7 @@ def cuda_accept_into(tree, t, acc, temperature, top_k, top_p, generator, state) 
     _cuda.accept_into(tree, t, acc, state.pointers())
 
 
-def check_target(tree: Tree, target_logits) -> torch.Tensor:
+def check_target(tree: Tree, target_logits, vocab: int | None = None) -> torch.Tensor:
     t = _validate.logits("target_logits", target_logits)
     want = (tree.batch_size, tree.width)
     if tuple(t.shape[:2]) != want:
@@ -94,7 +100,30 @@ def check_target(tree: Tree, target_logits) -> torch.Tensor:
             f"got {list(t.shape)}"
         )
     _validate.same_device("target_logits", t, tree.device)
+    check_target_vocab(tree, t, vocab)
     return t
+
+
+def check_target_vocab(tree: Tree, t: torch.Tensor, vocab: int | None) -> None:
+    """The target must score the draft's vocabulary: a smaller one cannot accept the tree's
+    higher tokens, and a larger one can return a bonus the next draft does not know. A Tree
+    does not record V, so without ``vocab`` (the Stepper's last step) only the first case
+    is caught, and only on the CPU: the tree's tokens must lie inside the target's V."""
+    v = t.shape[2]
+    if vocab is not None:
+        if v != vocab:
+            raise ValueError(
+                f"target_logits: vocabulary V = {v} differs from the draft's V = {vocab} "
+                "(the draft_logits of the last step())"
+            )
+        return
+    if t.device.type == "cpu":
+        top = tree.verify_ids.max().item()
+        if top >= v:
+            raise ValueError(
+                f"target_logits: vocabulary V = {v} does not hold token {top} of the tree; "
+                "the target's V must be the draft's"
+            )
 
 
 def _per_request(name: str, value, bs: int, dtype, default, kind) -> torch.Tensor:

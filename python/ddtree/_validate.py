@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numbers
+import os
 
 import torch
 
@@ -11,6 +12,7 @@ from . import _core
 LOGIT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MAX_DEPTH = _core.MAX_DEPTH
 MAX_BUDGET = _core.MAX_BUDGET
+INT64_MAX = torch.iinfo(torch.int64).max
 
 
 def tensor(name: str, x) -> torch.Tensor:
@@ -74,6 +76,45 @@ def non_negative(name: str, x: torch.Tensor) -> None:
         raise ValueError(f"{name}: must be ≥ 0, got {x.min().item()}")
 
 
+def prefix_lens(x: torch.Tensor, depth: int) -> None:
+    """≥ 0, and small enough that every position ``prefix + depth`` fits in int64 (it would
+    wrap silently). Checked on the host, so only for CPU tensors: on CUDA a negative prefix
+    is a status code and an overflowing one is not detected (checking would sync)."""
+    non_negative("prefix_lens", x)
+    limit = INT64_MAX - depth
+    if x.device.type == "cpu" and bool((x > limit).any()):
+        raise ValueError(
+            f"prefix_lens: {x.max().item()} + depth {depth} overflows the int64 positions "
+            f"(at most {limit} at this depth)"
+        )
+
+
+def mask_elements(seq_lens: torch.Tensor, q: int, device: torch.device) -> int:
+    """The FULL mask's size, ``sum(Q * (P_b + Q))``, from host ``seq_lens``: each must be
+    ≥ 0, and the mask must fit in ``device``'s memory (one byte per element); the sum is
+    taken in Python ints, so it cannot wrap."""
+    non_negative("seq_lens", seq_lens)
+    lens = seq_lens.tolist()
+    total = q * (sum(lens) + q * len(lens))
+    limit = memory_bytes(device)
+    if total > limit:
+        raise ValueError(
+            f"seq_lens: a mask for prefix lengths up to {max(lens)} needs {total} bytes, "
+            f"more than the {limit} bytes of {device} memory"
+        )
+    return total
+
+
+def memory_bytes(device: torch.device) -> int:
+    """Total memory of ``device`` (host RAM for the CPU), or the int64 limit where unknown."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):  # no sysconf (Windows)
+        return INT64_MAX
+
+
 def in_vocab(name: str, x: torch.Tensor, vocab: int) -> None:
     if x.device.type == "cpu" and bool(((x < 0) | (x >= vocab)).any()):
         bad = x[(x < 0) | (x >= vocab)][0].item()
@@ -101,6 +142,16 @@ def concrete_device(device: torch.device) -> torch.device:
 def supported_device(device: torch.device, name: str) -> None:
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"{name}: is on {device}; ddtree runs on CPU or CUDA tensors")
+
+
+def cuda_present(device: torch.device, name: str) -> None:
+    """A CUDA device on a machine without one fails later in a driver call; say here what
+    to pass instead."""
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f'{name}: {device} needs a CUDA GPU and none is available here; pass device="cpu" '
+            "to run on the Rust CPU path"
+        )
 
 
 def require_cpu(device: torch.device, what: str) -> None:

@@ -4,6 +4,9 @@ Synthetic, DFlash-like draft logits (a few peaked tokens over Gaussian noise, fl
 depth) go through ``ddtree.reference`` one request at a time and through ``ddtree.build_tree``
 / ``ddtree.accept_tree`` as a whole batch. Target logits are made so that the greedy walk
 accepts several tokens. Times are microseconds per request.
+
+``--device cuda`` times the GPU build instead (``ddtree/bench_gpu.py``) and ``--loop`` a
+synthetic decode loop on the GPU (``ddtree/bench_loop.py``); each takes its own flags.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import numpy as np
 import torch
 
 import ddtree
-from ddtree import _buffers, _cpu, reference
+from ddtree import _buffers, _cpu, _validate, reference
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -87,6 +90,9 @@ def check_args(args: argparse.Namespace) -> str | None:
     for name in positive:
         if getattr(args, name) < 1:
             return f"--{name.replace('_', '-')} must be ≥ 1"
+    for name, limit in (("depth", _validate.MAX_DEPTH), ("budget", _validate.MAX_BUDGET)):
+        if getattr(args, name) > limit:
+            return f"--{name} must be ≤ {limit}, got {getattr(args, name)}"
     if args.topk is not None and args.topk < 1:
         return "--topk must be ≥ 1"
     if args.target_gb <= 0:

@@ -21,7 +21,7 @@ import time
 import numpy as np
 import torch
 
-from . import _cuda, reference
+from . import _core, _cuda, reference
 from .stepper import Stepper
 
 # (column, stage bits of launch_build): 8 forces the best-first warp in place of the
@@ -235,6 +235,16 @@ def print_table(rows) -> None:
         print(f"{r['bs']} | {r['B']} | " + " | ".join(cells))
 
 
+def check_limits(p: argparse.ArgumentParser, budgets, depth: int) -> None:
+    """The Stepper's CUDA limits as argument errors, before any GPU work (else a traceback
+    mid-run); a single ``budgets`` value may be given as an int."""
+    for budget in budgets if isinstance(budgets, list) else [budgets]:
+        if not 1 <= budget <= _core.CUDA_MAX_BUDGET:
+            p.error(f"--budget must be in 1..{_core.CUDA_MAX_BUDGET} on CUDA, got {budget}")
+    if not 1 <= depth <= _core.CUDA_MAX_DEPTH:
+        p.error(f"--depth must be in 1..{_core.CUDA_MAX_DEPTH} on CUDA, got {depth}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m ddtree bench --device cuda")
     p.add_argument("--bs", type=int, nargs="+", default=[1, 8, 64])
@@ -244,6 +254,7 @@ def main(argv=None) -> int:
     p.add_argument("--replays", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
     args, _ = p.parse_known_args(argv)
+    check_limits(p, args.budget, args.depth)
     if not torch.cuda.is_available():
         print("bench --device cuda: no CUDA device here", file=sys.stderr)
         return 2
