@@ -11,7 +11,7 @@ __device__ void accept_entry(const T* logits, long long s0, long long s1, long l
                              const long long* first_child, const long long* next_sibling,
                              long long* accepted_nodes, long long* accepted_tokens,
                              long long* accept_index, long long* accept_len, long long* bonus,
-                             const float* temperature, const int* top_k, const float* top_p,
+                             int* status, const float* temperature, const int* top_k, const float* top_p,
                              const long long* rng, int cache_slice) {
   __shared__ ddtree::AcceptScratch s;
   extern __shared__ uint4 dynamic_smem[];
@@ -23,7 +23,7 @@ __device__ void accept_entry(const T* logits, long long s0, long long s1, long l
       logits + b * s0, s1, s2, V, q, path_len, b, rank,
       ddtree::AcceptTree{verify_ids + row, first_child + row, next_sibling + row},
       ddtree::AcceptOut{accepted_nodes + path, accepted_tokens + path, accept_index + path,
-                        accept_len + b, bonus + b},
+                        accept_len + b, bonus + b, status + b},
       temperature != nullptr ? &args : nullptr,
       cache_slice ? reinterpret_cast<T*>(dynamic_smem) : nullptr,
       reinterpret_cast<int*>(dynamic_smem) +
@@ -38,10 +38,10 @@ __device__ void accept_entry(const T* logits, long long s0, long long s1, long l
           int path_len, const long long* verify_ids, const long long* first_child,             \
           const long long* next_sibling, long long* accepted_nodes,                            \
           long long* accepted_tokens, long long* accept_index, long long* accept_len,          \
-          long long* bonus, const float* temperature, const int* top_k, const float* top_p,    \
-          const long long* rng, int cache_slice) {                                             \
+          long long* bonus, int* status, const float* temperature, const int* top_k,           \
+          const float* top_p, const long long* rng, int cache_slice) {                         \
     accept_entry<T>(logits, s0, s1, s2, V, q, path_len, verify_ids, first_child, next_sibling, \
-                    accepted_nodes, accepted_tokens, accept_index, accept_len, bonus,          \
+                    accepted_nodes, accepted_tokens, accept_index, accept_len, bonus, status,  \
                     temperature, top_k, top_p, rng, cache_slice);                              \
   }
 

@@ -1,37 +1,50 @@
 // Entry points of SPEC stage 5 (see include/ddtree/commit.cuh).
 #include "ddtree/commit.cuh"
+#include "ddtree/readback.cuh"
 
-// grid (bs): kept slots [bs, L+1] and the release mask [bs, Q].
+// grid (bs): kept slots [bs, L+1] and the release mask [bs, Q]; `slots` < 0: slot ids
+// unchecked (they are copied, not dereferenced). Status codes into `status` [bs].
 extern "C" __global__ void __launch_bounds__(256)
     ddtree_kept_slots(const long long* window, const long long* nodes, int q, int path_len,
-                      long long* kept, bool* release) {
+                      long long slots, long long* kept, bool* release, int* status) {
   const int b = blockIdx.x;
-  ddtree::kept_slots_request(window + static_cast<long long>(b) * q,
-                             nodes + static_cast<long long>(b) * path_len, q, path_len,
-                             kept + static_cast<long long>(b) * path_len,
-                             release + static_cast<long long>(b) * q);
+  const ddtree::Path p{nodes + static_cast<long long>(b) * path_len, path_len, q};
+  const int code = ddtree::kept_slots_request(window + static_cast<long long>(b) * q, p, slots,
+                                              kept + static_cast<long long>(b) * path_len,
+                                              release + static_cast<long long>(b) * q);
+  if (threadIdx.x == 0) ddtree::record_status(status + b, code);
 }
 
 // grid (bs, buffers, chunks): every buffer is [slots, row_bytes] (a layer's K, V or MLA
-// latent cache); `buffers` is a device table of their base addresses.
+// latent cache; `slots` is the smallest row count among them); `buffers` is a device table
+// of their base addresses. A request with a bad index moves nothing.
 extern "C" __global__ void __launch_bounds__(256)
-    ddtree_compact_kv(char* const* buffers, long long row_bytes, const long long* window,
-                      const long long* nodes, int q, int path_len) {
+    ddtree_compact_kv(char* const* buffers, long long row_bytes, long long slots,
+                      const long long* window, const long long* nodes, int q, int path_len,
+                      int* status) {
   __shared__ __align__(16) char stage[ddtree::kMaxPath * ddtree::kCompactChunk];
   const int b = blockIdx.x;
-  ddtree::compact_chunk(buffers[blockIdx.y], row_bytes,
-                        static_cast<long long>(blockIdx.z) * ddtree::kCompactChunk,
-                        window + static_cast<long long>(b) * q,
-                        nodes + static_cast<long long>(b) * path_len, path_len, stage);
+  const ddtree::Path p{nodes + static_cast<long long>(b) * path_len, path_len, q};
+  const int code = ddtree::compact_chunk(
+      buffers[blockIdx.y], row_bytes, slots, static_cast<long long>(blockIdx.z) * ddtree::kCompactChunk,
+      window + static_cast<long long>(b) * q, p, stage);
+  if (threadIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) ddtree::record_status(status + b, code);
 }
 
 // grid (bs, L+1): row i of request b's output = hidden row b*Q + nodes[i] (zeros past the
-// path). Rows are row_bytes long; hidden is [bs*Q, row_bytes], out [bs, L+1, row_bytes].
+// path). Rows are row_bytes long; hidden is [bs*Q, row_bytes], out [bs, L+1, row_bytes]. A
+// request with a node outside [0, Q) keeps its output rows as they were.
 extern "C" __global__ void __launch_bounds__(256)
     ddtree_gather_hidden(const char* hidden, long long row_bytes, const long long* nodes, int q,
-                         int path_len, char* out) {
+                         int path_len, char* out, int* status) {
   const int b = blockIdx.x, i = blockIdx.y;
-  const long long node = nodes[static_cast<long long>(b) * path_len + i];
+  const ddtree::Path p{nodes + static_cast<long long>(b) * path_len, path_len, q};
+  const int code = ddtree::check_nodes(p);
+  if (code != ddtree::kStatusOk) {
+    if (threadIdx.x == 0 && i == 0) ddtree::record_status(status + b, code);
+    return;
+  }
+  const long long node = p.nodes[i];
   char* dst = out + (static_cast<long long>(b) * path_len + i) * row_bytes;
   if (node < 0) {
     for (long long c = threadIdx.x; c < row_bytes; c += blockDim.x) dst[c] = 0;
@@ -41,11 +54,9 @@ extern "C" __global__ void __launch_bounds__(256)
   ddtree::block_copy(dst, src, row_bytes);
 }
 
-// The readback: n int64 words from the acceptance buffer to pinned host memory mapped into
-// the device's address space, stored by the SMs over the bus. A copy-engine memcpy would
-// cost the stream a switch to the copy engine and back (~8 µs each way on the H200).
-extern "C" __global__ void __launch_bounds__(256)
-    ddtree_readback(const long long* src, long long* host_dst, int n) {
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
-    host_dst[i] = src[i];
+// The readback (include/ddtree/readback.cuh): one block writes the acceptance into the next
+// slot of the pinned ring and advances the ring's device cursor.
+extern "C" __global__ void __launch_bounds__(ddtree::kReadbackThreads)
+    ddtree_readback(ddtree::ReadbackRing ring, ddtree::ReadbackSrc src) {
+  ddtree::readback_round(ring, src);
 }

@@ -2,8 +2,8 @@
 // threshold selection (include/ddtree/select_parallel.cuh); when ties defeat it, or when
 // asked (`best_first`, for benchmarks and tests), warp 0 runs the best-first frontier
 // (include/ddtree/select.cuh) on the same shared memory. Both give SPEC's order exactly.
-// Also decides each request's status: 1 = NaN/+inf in its draft logits, 2 = root token
-// outside the vocabulary, 3 = negative prefix length; a rejected request gets the root only.
+// Also decides each request's status (status.h: NaN/+inf draft logits, a root token outside
+// the vocabulary, a negative prefix length); a rejected request gets the root only.
 #include "ddtree/select_parallel.cuh"
 
 extern "C" __global__ void __launch_bounds__(ddtree::kSelectThreads, 1)
@@ -22,9 +22,9 @@ extern "C" __global__ void __launch_bounds__(ddtree::kSelectThreads, 1)
   const int q = budget + 1;
   int code = 0;
   for (int d = 0; d < L; ++d)
-    if (bad[b * L + d]) code = 1;
-  if (code == 0 && (roots[b] < 0 || roots[b] >= V)) code = 2;
-  if (code == 0 && prefix[b] < 0) code = 3;
+    if (bad[b * L + d]) code = ddtree::kStatusNonFinite;
+  if (code == 0 && (roots[b] < 0 || roots[b] >= V)) code = ddtree::kStatusRootOutOfVocab;
+  if (code == 0 && prefix[b] < 0) code = ddtree::kStatusNegativePrefix;
   for (int d = threadIdx.x; d < L; d += blockDim.x) s_eligible[d] = min(eligible[b * L + d], K);
   __syncthreads();
   const long long row = static_cast<long long>(b) * q;

@@ -49,8 +49,31 @@ def main() -> None:
     stepper.step(x, z, z)
     stepper.accept(torch.randn(3, 64, 1000, device=dev, generator=g), temperature=1.0)
     assert stepper.readback(wait=True)["bonus"].shape == (3,)
+    out_of_range(dev)
     torch.cuda.synchronize()
     print("gpu_small: ok")
+
+
+def out_of_range(dev) -> None:
+    """The commit kernels and the accept with indices out of range in one request each:
+    memcheck must see no access outside the tensors."""
+    from test_gpu_bounds import BAD, copy_acc, guarded_caches, round_on, window
+
+    tree, target, acc = round_on(dev)
+    slots = acc.batch_size * tree.width + 40
+    w = window(dev, slots)
+    w[2, 0], w[4, 1] = BAD, -5
+    _, caches = guarded_caches(dev, slots)
+    bad = copy_acc(acc)
+    bad.accepted_nodes[1, 1] = 10**6
+    ddtree.kept_slots(bad, w, num_slots=slots)
+    ddtree.compact_kv(bad, w, caches)
+    ddtree.gather_hidden(bad, torch.randn(acc.batch_size * tree.width, 64, device=dev))
+    fields = {n: getattr(tree, n).clone() for n in tree.__dataclass_fields__}
+    fields["first_child"][3, 0] = BAD
+    acc = ddtree.accept_tree(ddtree.Tree(**fields), target, temperature=1.0)
+    assert bad.status.tolist()[1:3] == [ddtree.STATUS_NODE_OUT_OF_RANGE, 6]
+    assert acc.status.tolist()[3] == ddtree.STATUS_BAD_TREE_LINK
 
 
 if __name__ == "__main__":

@@ -6,22 +6,34 @@ CPU tensors run the Rust CPU path; ``ddtree.reference`` is the plain-Python orac
 
 from ._api import accept_tree, build_tree
 from ._commit import compact_kv, gather_hidden, kept_slots
+
+# Per-request status codes (Tree.status, Acceptance.status), defined once in the Rust core
+# (crates/ddtree-core/src/status.rs, which says what each stage does with such a request).
+# Values a host check would need a sync for become codes on CUDA: build — NaN/+inf draft
+# logits (also on the CPU), a root token outside the vocabulary, a negative prefix length
+# (the CPU path raises ValueError for the last two); accept — corrupt tree links; commit — an
+# accepted node or a KV slot out of range (the CPU commit gives the same codes).
+from ._core import (
+    STATUS_BAD_TREE_LINK,
+    STATUS_NEGATIVE_PREFIX,
+    STATUS_NODE_OUT_OF_RANGE,
+    STATUS_NON_FINITE,
+    STATUS_OK,
+    STATUS_ROOT_OUT_OF_VOCAB,
+    STATUS_SLOT_OUT_OF_RANGE,
+)
 from ._types import Acceptance, Tree
 from .stepper import Stepper
 
-# Tree.status codes. On CUDA the last two replace the ValueErrors the CPU path raises, since
-# checking them on the host would need a sync; such a request gets the root-only tree.
-STATUS_OK = 0
-STATUS_NON_FINITE = 1  # NaN or +inf in the request's draft logits
-STATUS_ROOT_OUT_OF_VOCAB = 2
-STATUS_NEGATIVE_PREFIX = 3
-
 __all__ = [
     "Acceptance",
+    "STATUS_BAD_TREE_LINK",
     "STATUS_NEGATIVE_PREFIX",
+    "STATUS_NODE_OUT_OF_RANGE",
     "STATUS_NON_FINITE",
     "STATUS_OK",
     "STATUS_ROOT_OUT_OF_VOCAB",
+    "STATUS_SLOT_OUT_OF_RANGE",
     "Stepper",
     "Tree",
     "accept_tree",

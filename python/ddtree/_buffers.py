@@ -37,6 +37,7 @@ def acceptance_shapes(bs: int, depth: int) -> dict:
         "accepted_tokens": (i64, (bs, depth + 1)),
         "accepted_nodes": (i64, (bs, depth + 1)),
         "accept_index": (i64, (bs, depth + 1)),
+        "status": (torch.int32, (bs,)),
     }
 
 

@@ -1,7 +1,13 @@
 """SPEC stage 5 — commit: kept KV slots, in-place compaction of paged caches, and the
 gather of the accepted nodes' hidden states. CUDA tensors run the kernels of
 ``kernels/commit.cu`` (no sync, no allocation when outputs are given); CPU tensors run the
-same definitions in torch."""
+same definitions in torch.
+
+Index *values* (the acceptance's nodes, the ``out_cache_loc`` slots) are checked where they
+are used, on the device — a host check would sync: a request with one out of range gets the
+empty result (nothing moved or gathered; kept slots −1 and nothing released) and a code in
+``acc.status`` (``STATUS_NODE_OUT_OF_RANGE``, ``STATUS_SLOT_OUT_OF_RANGE``; an earlier code
+is kept). The CPU path gives the same results and codes."""
 
 from __future__ import annotations
 
@@ -9,6 +15,40 @@ import torch
 
 from . import _core, _cuda
 from ._types import Acceptance
+
+# The codes of ddtree-core's status module (ddtree.STATUS_*).
+NODE_OUT_OF_RANGE = _core.STATUS_NODE_OUT_OF_RANGE
+SLOT_OUT_OF_RANGE = _core.STATUS_SLOT_OUT_OF_RANGE
+
+
+def _path_arg(acc: Acceptance, q: int) -> dict:
+    """The acceptance's path and status pointers for a commit launch."""
+    return {
+        "bs": acc.batch_size,
+        "q": q,
+        "path_len": acc.path_len,
+        "accepted_nodes": acc.accepted_nodes.data_ptr(),
+        "status": acc.status.data_ptr(),
+    }
+
+
+def _node_codes(nodes: torch.Tensor, q: int) -> torch.Tensor:
+    """CPU twin of the kernels' check_nodes: per request, NODE_OUT_OF_RANGE when a path
+    entry is neither a node of [0, Q) nor trailing −1 padding, else 0 (int32 [bs])."""
+    prev = torch.cat([torch.zeros_like(nodes[:, :1]), nodes[:, :-1]], dim=1)
+    bad = (nodes >= q) | (nodes < -1) | ((nodes >= 0) & (prev < 0))
+    bad[:, 0] |= nodes[:, 0] < 0
+    return torch.where(bad.any(1), NODE_OUT_OF_RANGE, 0).to(torch.int32)
+
+
+def _slots_bad(slots_used: torch.Tensor, used: torch.Tensor, slots: int) -> torch.Tensor:
+    """Per request: a used slot (where ``used``) outside [0, slots)."""
+    return (used & ((slots_used < 0) | (slots_used >= slots))).any(1)
+
+
+def _record(acc: Acceptance, codes: torch.Tensor) -> None:
+    """Records codes where the request has none yet (first code wins, as on the GPU)."""
+    acc.status.copy_(torch.where(acc.status == 0, codes, acc.status))
 
 
 def _window(acc: Acceptance, out_cache_loc) -> torch.Tensor:
@@ -38,31 +78,45 @@ def _out(name: str, t, shape, dtype, device) -> torch.Tensor:
     return t
 
 
-def kept_slots(acc: Acceptance, out_cache_loc, *, kept=None, release=None):
+def kept_slots(acc: Acceptance, out_cache_loc, *, kept=None, release=None, num_slots=None):
     """Kept slots ``[bs, L+1]`` (window slots of the accepted path, −1 padded) and the
-    release mask ``[bs, Q]`` (True = slot freed)."""
+    release mask ``[bs, Q]`` (True = slot freed). With ``num_slots`` (the KV pool's size),
+    every window slot must lie in ``[0, num_slots)``; a request with a bad node or slot gets
+    kept −1, nothing released, and a code in ``acc.status``."""
     w = _window(acc, out_cache_loc)
     bs, q = w.shape
     kept = _out("kept", kept, (bs, acc.path_len), torch.int64, w.device)
     release = _out("release", release, (bs, q), torch.bool, w.device)
+    if num_slots is not None:
+        num_slots = _slot_count("num_slots", num_slots)
     nodes = acc.accepted_nodes
     if w.device.type == "cuda":
         _core.cuda_kept_slots(
             *_cuda.launch_on(w.device),
-            bs,
-            q,
-            acc.path_len,
-            nodes.data_ptr(),
+            _path_arg(acc, q),
             w.data_ptr(),
+            num_slots,
             kept.data_ptr(),
             release.data_ptr(),
         )
         return kept, release
-    on_path = nodes >= 0
-    kept.copy_(torch.where(on_path, w.gather(1, nodes.clamp(min=0)), -1))
-    release.fill_(True)
-    release.scatter_(1, nodes.clamp(min=0), False)  # pads hit node 0, always on the path
+    codes = _node_codes(nodes, q)
+    if num_slots is not None:
+        slot_bad = _slots_bad(w, torch.ones_like(w, dtype=torch.bool), num_slots)
+        codes = torch.where((codes == 0) & slot_bad, SLOT_OUT_OF_RANGE, codes).to(torch.int32)
+    ok = (codes == 0).unsqueeze(1)
+    safe = torch.where(ok, nodes, -1).clamp(max=q - 1)
+    kept.copy_(torch.where(safe >= 0, w.gather(1, safe.clamp(min=0)), -1))
+    release.copy_(ok.expand(bs, q))
+    release.scatter_(1, safe.clamp(min=0), False)  # pads hit node 0, always on the path
+    _record(acc, codes)
     return kept, release
+
+
+def _slot_count(name: str, n) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"{name}: must be an int ≥ 0, got {n!r}")
+    return n
 
 
 def _row_bytes(name: str, t: torch.Tensor) -> int:
@@ -88,6 +142,7 @@ class CacheTable:
                 raise ValueError(f"caches[{i}]: on {c.device}, expected {device}")
         self.caches = caches
         self.row_bytes = sizes.pop()
+        self.slots = min(c.shape[0] for c in caches)  # the slots every cache holds
         self.device = device
         self.table = None
         if device.type == "cuda":
@@ -97,35 +152,50 @@ class CacheTable:
 
 def compact_kv(acc: Acceptance, out_cache_loc, caches) -> None:
     """In every cache, moves each request's accepted rows (window slot of path node i) to
-    the window's i-th slot, for i < accept_len; every source is read before any write."""
+    the window's i-th slot, for i < accept_len; every source is read before any write. A
+    request whose nodes or slots (read or written) are out of range moves nothing and gets
+    a code in ``acc.status``."""
     w = _window(acc, out_cache_loc)
     table = caches if isinstance(caches, CacheTable) else CacheTable(caches, w.device)
+    if table.device != w.device:
+        raise ValueError(f"caches: on {table.device}, out_cache_loc is on {w.device}")
     bs, q = w.shape
     if w.device.type == "cuda":
         _core.cuda_compact_kv(
             *_cuda.launch_on(w.device),
-            bs,
-            q,
-            acc.path_len,
-            acc.accepted_nodes.data_ptr(),
+            _path_arg(acc, q),
             w.data_ptr(),
             table.table.data_ptr(),
             len(table.caches),
             table.row_bytes,
+            table.slots,
         )
         return
     nodes = acc.accepted_nodes
+    codes = _node_codes(nodes, q)
+    on_path = nodes >= 0
+    src_slots = torch.where(codes.unsqueeze(1) == 0, nodes, 0).clamp(0, q - 1)
+    read_bad = _slots_bad(w.gather(1, src_slots), on_path, table.slots)
+    write_bad = _slots_bad(w[:, : acc.path_len], on_path[:, : w.shape[1]], table.slots)
+    codes = torch.where((codes == 0) & (read_bad | write_bad), SLOT_OUT_OF_RANGE, codes)
+    codes = codes.to(torch.int32)
     for b in range(bs):
+        if codes[b] != 0:
+            continue
         path = nodes[b][nodes[b] >= 0]
         src, dst = w[b, path], w[b, : len(path)]
         for c in table.caches:
             c[dst] = c[src].clone()  # read all sources first
+    _record(acc, codes)
 
 
 def gather_hidden(acc: Acceptance, hidden, *, out=None) -> torch.Tensor:
     """Rows ``b*Q + node`` of ``hidden`` ``[bs*Q, H...]`` for each accepted node, in path
-    order, into ``out`` ``[bs, L+1, H...]`` (zeros past each path)."""
-    if not isinstance(hidden, torch.Tensor) or hidden.dim() < 2:
+    order, into ``out`` ``[bs, L+1, H...]`` (zeros past each path). A request with a node
+    outside ``[0, Q)`` keeps its ``out`` rows and gets a code in ``acc.status``."""
+    if not isinstance(hidden, torch.Tensor):
+        raise TypeError(f"hidden: expected a torch.Tensor, got {type(hidden).__name__}")
+    if hidden.dim() < 2:
         raise ValueError("hidden: must be a tensor [bs*Q, H, ...]")
     bs, path_len = acc.batch_size, acc.path_len
     if hidden.shape[0] % bs != 0 or hidden.device != acc.device:
@@ -141,10 +211,7 @@ def gather_hidden(acc: Acceptance, hidden, *, out=None) -> torch.Tensor:
     if hidden.device.type == "cuda":
         _core.cuda_gather_hidden(
             *_cuda.launch_on(hidden.device),
-            bs,
-            q,
-            path_len,
-            nodes.data_ptr(),
+            _path_arg(acc, q),
             hidden.data_ptr(),
             _row_bytes("hidden", hidden),
             out.data_ptr(),
@@ -152,8 +219,12 @@ def gather_hidden(acc: Acceptance, hidden, *, out=None) -> torch.Tensor:
         return out
     rows = hidden.view(bs, q, -1)
     flat = out.view(bs, path_len, -1)
-    flat.zero_()
+    codes = _node_codes(nodes, q)
     for b in range(bs):
+        if codes[b] != 0:
+            continue
         path = nodes[b][nodes[b] >= 0]
+        flat[b].zero_()
         flat[b, : len(path)] = rows[b, path]
+    _record(acc, codes)
     return out

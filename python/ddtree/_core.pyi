@@ -6,7 +6,13 @@ Every pointer is the ``data_ptr()`` of a live, already-validated CPU tensor; see
 
 MAX_DEPTH: int
 MAX_BUDGET: int
+STATUS_OK: int
 STATUS_NON_FINITE: int
+STATUS_ROOT_OUT_OF_VOCAB: int
+STATUS_NEGATIVE_PREFIX: int
+STATUS_BAD_TREE_LINK: int
+STATUS_NODE_OUT_OF_RANGE: int
+STATUS_SLOT_OUT_OF_RANGE: int
 
 TensorArg = dict[str, object]  # ptr: int, dtype: str, shape / strides: tuple[int, ...]
 

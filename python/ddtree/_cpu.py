@@ -79,6 +79,7 @@ def _accept_args(tree: Tree, acc: Acceptance) -> dict:
         "accept_index": acc.accept_index.data_ptr(),
         "accept_len": acc.accept_len.data_ptr(),
         "bonus": acc.bonus.data_ptr(),
+        "status": acc.status.data_ptr(),
     }
 
 

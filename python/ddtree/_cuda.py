@@ -95,7 +95,14 @@ def full_mask(ancestor_bits, seq_lens, out, write_prefix: bool) -> None:
     )
 
 
-ACCEPT_FIELDS = ("accepted_nodes", "accepted_tokens", "accept_index", "accept_len", "bonus")
+ACCEPT_FIELDS = (
+    "accepted_nodes",
+    "accepted_tokens",
+    "accept_index",
+    "accept_len",
+    "bonus",
+    "status",
+)
 
 
 def accept_into(tree: Tree, target_logits, acc, sampling: dict | None) -> None:
@@ -126,8 +133,3 @@ def mapped_pointer(device: torch.device, pinned: torch.Tensor) -> int | None:
         return _core.cuda_mapped_pointer(device_index(device), pinned.data_ptr())
     except RuntimeError:
         return None
-
-
-def readback_into(src: torch.Tensor, mapped: int) -> None:
-    """Kernel copy of int64 ``src`` into the mapped pinned memory at device address ``mapped``."""
-    _core.cuda_readback(*launch_on(src.device), src.data_ptr(), mapped, src.numel())

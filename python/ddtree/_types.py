@@ -61,21 +61,24 @@ class Tree:
         on the CPU the view of its first ``sum(Q * (P_b + Q))`` elements is returned; on CUDA
         the offsets are computed on the device (no sync, graph-capturable), ``out`` itself is
         returned, and rows that would not fit in ``out`` are not written.
+
+        Wherever ``seq_lens`` are read on the host, a negative one, or ones whose mask would
+        not fit in the device's memory, raise ``ValueError`` before anything is allocated.
         """
         from . import _cpu, _cuda
 
         seq_lens = _validate.index_vector("seq_lens", seq_lens, self.batch_size, self.device)
         cuda = self.device.type == "cuda"
+        total = None  # on CUDA with `out`, the values stay on the device
+        if out is None or not cuda:
+            total = _validate.mask_elements(seq_lens.cpu(), self.width, self.device)
         if out is None:
-            total = int((self.width * (seq_lens + self.width)).sum())
             out = torch.empty(total, dtype=torch.bool, device=self.device)
         else:
-            total = None if cuda else int((self.width * (seq_lens + self.width)).sum())
             _validate.mask_out(out, total, self.device)
         if cuda:
             _cuda.full_mask(self.ancestor_bits, seq_lens, out, prefix_columns)
             return out if total is None else out[:total]
-        _validate.non_negative("seq_lens", seq_lens)
         return out[: _cpu.full_mask(self.ancestor_bits, seq_lens, out, prefix_columns)]
 
     @property
@@ -92,6 +95,9 @@ class Acceptance:
     accept_len: torch.Tensor  # int64 [bs], 1..L+1
     bonus: torch.Tensor  # int64 [bs]
     accept_index: torch.Tensor  # int64 [bs, L+1]: b*Q + node, -1 padded
+    # int32 [bs]: 0, or the STATUS_* code of a bad index the accept (corrupt tree links) or
+    # a commit function (a node or KV slot out of range) found for the request.
+    status: torch.Tensor
 
     @property
     def batch_size(self) -> int:

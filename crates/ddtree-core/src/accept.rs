@@ -1,5 +1,7 @@
 //! SPEC stage 4 — accept: walk the tree along the target's posterior tokens.
 
+use crate::status;
+
 /// The tree links the walk needs (one request, each `Q` long).
 #[derive(Clone, Copy)]
 pub struct TreeLinks<'a> {
@@ -20,22 +22,44 @@ pub struct AcceptOut<'a> {
 pub struct Walked {
     pub accept_len: usize,
     pub bonus: i64,
+    /// [`status::OK`], or [`status::BAD_TREE_LINK`] when the links were corrupt.
+    pub status: i32,
+}
+
+/// A link found outside `[-1, Q)`, or a sibling chain longer than `Q` (a cycle).
+struct BadLink;
+
+/// A link read as a node index: `Ok(None)` for −1 (no node).
+fn node_of(link: i64, q: usize) -> Result<Option<usize>, BadLink> {
+    match link {
+        -1 => Ok(None),
+        l if (0..q as i64).contains(&l) => Ok(Some(l as usize)),
+        _ => Err(BadLink),
+    }
 }
 
 /// The child of `node` whose verify token is `token` (siblings carry distinct tokens).
-fn matching_child(links: &TreeLinks<'_>, node: usize, token: i64) -> Option<usize> {
-    let mut child = links.first_child[node];
-    while child >= 0 {
-        let c = child as usize;
+fn matching_child(
+    links: &TreeLinks<'_>,
+    node: usize,
+    token: i64,
+) -> Result<Option<usize>, BadLink> {
+    let q = links.first_child.len();
+    let mut child = node_of(links.first_child[node], q)?;
+    for _ in 0..q {
+        let Some(c) = child else { return Ok(None) };
         if links.verify_ids[c] == token {
-            return Some(c);
+            return Ok(Some(c));
         }
-        child = links.next_sibling[c];
+        child = node_of(links.next_sibling[c], q)?;
     }
-    None
+    Err(BadLink)
 }
 
 /// Walks from the root while some child carries the posterior token of the current node.
+/// Corrupt links — any link of the tree outside `[-1, Q)`, or a sibling cycle met on the
+/// walk — give the root-only result (status [`status::BAD_TREE_LINK`], the root's
+/// posterior as the bonus), as the GPU does.
 ///
 /// `posterior(node)` is asked once per visited node, so a caller can compute it lazily
 /// (the greedy argmax of one target row) or look it up (tokens sampled beforehand).
@@ -49,6 +73,10 @@ pub fn walk(
     out.accepted_nodes.fill(-1);
     out.accepted_tokens.fill(-1);
     out.accept_index.fill(-1);
+    let q = links.first_child.len() as i64;
+    let in_range = |l: &i64| (-1..q).contains(l);
+    let links_ok =
+        links.first_child.iter().all(in_range) && links.next_sibling.iter().all(in_range);
     let mut node = 0usize;
     let mut len = 0usize;
     loop {
@@ -57,14 +85,27 @@ pub fn walk(
         out.accept_index[len] = row_base + node as i64;
         len += 1;
         let token = posterior(node);
+        if !links_ok {
+            return walked(1, token, status::BAD_TREE_LINK);
+        }
         match matching_child(&links, node, token) {
-            Some(child) if len < out.accepted_nodes.len() => node = child,
-            _ => {
-                return Walked {
-                    accept_len: len,
-                    bonus: token,
-                }
+            Ok(Some(child)) if len < out.accepted_nodes.len() => node = child,
+            Ok(_) => return walked(len, token, status::OK),
+            Err(BadLink) => {
+                out.accepted_nodes[1..].fill(-1);
+                out.accepted_tokens[1..].fill(-1);
+                out.accept_index[1..].fill(-1);
+                let root_token = if len == 1 { token } else { posterior(0) };
+                return walked(1, root_token, status::BAD_TREE_LINK);
             }
         }
+    }
+}
+
+fn walked(accept_len: usize, bonus: i64, status: i32) -> Walked {
+    Walked {
+        accept_len,
+        bonus,
+        status,
     }
 }

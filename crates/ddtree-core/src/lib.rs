@@ -14,5 +14,6 @@ mod error;
 pub mod logits;
 pub mod sample;
 pub mod select;
+pub mod status;
 
 pub use error::{ArgError, Result};

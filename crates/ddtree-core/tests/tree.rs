@@ -3,6 +3,7 @@
 mod common;
 
 use common::{build, OwnedTree, Rng};
+use ddtree_core::accept::{walk, AcceptOut, TreeLinks, Walked};
 use ddtree_core::batch::{
     accept_tree, full_masks, AcceptBuffers, BatchLinks, Posterior, STATUS_NON_FINITE,
 };
@@ -10,6 +11,7 @@ use ddtree_core::commit::kept_slots;
 use ddtree_core::emit::sees;
 use ddtree_core::logits::Logits3;
 use ddtree_core::sample::{sample_row, uniform, SamplingParams};
+use ddtree_core::status;
 
 fn random_logits(rng: &mut Rng, n: usize) -> Vec<f32> {
     (0..n)
@@ -124,7 +126,7 @@ fn accept_with_target(
     let view = Logits3::new("t", &target, [bs, q, vocab], [q * vocab, vocab, 1]).unwrap();
     let w = depth + 1;
     let (mut nodes, mut toks, mut idx) = (vec![0; bs * w], vec![0; bs * w], vec![0; bs * w]);
-    let (mut len, mut bonus) = (vec![0; bs], vec![0; bs]);
+    let (mut len, mut bonus, mut status) = (vec![0; bs], vec![0; bs], vec![-1; bs]);
     let links = BatchLinks {
         verify_ids: &t.verify_ids,
         first_child: &t.first_child,
@@ -137,8 +139,10 @@ fn accept_with_target(
         accept_index: &mut idx,
         accept_len: &mut len,
         bonus: &mut bonus,
+        status: &mut status,
     };
     accept_tree(links, Posterior::Greedy(view), out).unwrap();
+    assert!(status.iter().all(|&s| s == 0));
     assert_eq!(
         toks.iter().filter(|&&v| v >= 0).count() as i64,
         len.iter().sum::<i64>()
@@ -255,4 +259,49 @@ fn sampler_matches_the_filtered_distribution() {
         ),
         0
     );
+}
+
+/// Root 0 → children 1 (token 7) and 2 (token 8); node 2 → child 3 (token 9).
+fn small_links() -> (Vec<i64>, Vec<i64>, Vec<i64>) {
+    (vec![5, 7, 8, 9], vec![1, -1, 3, -1], vec![-1, 2, -1, -1])
+}
+
+fn walk_small(first_child: &[i64], next_sibling: &[i64], post: [i64; 4]) -> (Vec<i64>, Walked) {
+    let (ids, _, _) = small_links();
+    let (mut nodes, mut toks, mut idx) = (vec![0; 4], vec![0; 4], vec![0; 4]);
+    let links = TreeLinks {
+        verify_ids: &ids,
+        first_child,
+        next_sibling,
+    };
+    let out = AcceptOut {
+        accepted_nodes: &mut nodes,
+        accepted_tokens: &mut toks,
+        accept_index: &mut idx,
+    };
+    let w = walk(links, |i| post[i], 0, out);
+    (nodes, w)
+}
+
+#[test]
+fn corrupt_links_give_the_root_only_walk_and_a_status() {
+    let (_, fc, ns) = small_links();
+    let post = [8, 0, 9, 4];
+    let (nodes, w) = walk_small(&fc, &ns, post);
+    assert_eq!(
+        (nodes, w.accept_len, w.bonus, w.status),
+        (vec![0, 2, 3, -1], 3, 4, status::OK)
+    );
+    // A link past Q, anywhere in the tree (here off the path), rejects the tree.
+    let mut bad = fc.clone();
+    bad[1] = 1_000_000_000;
+    let (nodes, w) = walk_small(&bad, &ns, post);
+    assert_eq!((nodes, w.accept_len, w.bonus), (vec![0, -1, -1, -1], 1, 8));
+    assert_eq!(w.status, status::BAD_TREE_LINK);
+    // A sibling cycle met on the walk (node 2's sibling is node 1 again).
+    let mut cyc = ns.clone();
+    cyc[2] = 1;
+    let (nodes, w) = walk_small(&fc, &cyc, [6, 0, 9, 4]);
+    assert_eq!((nodes, w.accept_len, w.bonus), (vec![0, -1, -1, -1], 1, 6));
+    assert_eq!(w.status, status::BAD_TREE_LINK);
 }

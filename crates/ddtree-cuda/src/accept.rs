@@ -26,7 +26,8 @@ pub struct WalkTree {
     pub next_sibling: u64,
 }
 
-/// The walk's outputs: int64 `[bs, L+1]` paths and int64 `[bs]` scalars.
+/// The walk's outputs: int64 `[bs, L+1]` paths, int64 `[bs]` scalars and the int32 `[bs]`
+/// status (corrupt tree links).
 #[derive(Debug, Clone, Copy)]
 pub struct AcceptPtrs {
     pub accepted_nodes: u64,
@@ -34,6 +35,7 @@ pub struct AcceptPtrs {
     pub accept_index: u64,
     pub accept_len: u64,
     pub bonus: u64,
+    pub status: u64,
 }
 
 /// Per-request sampling parameters (float32 / int32 / float32 `[bs]`) and the generator's
@@ -98,7 +100,8 @@ pub unsafe fn accept_tree(
         .arg(&out.accepted_tokens)
         .arg(&out.accept_index)
         .arg(&out.accept_len)
-        .arg(&out.bonus);
+        .arg(&out.bonus)
+        .arg(&out.status);
     p.arg(&s.temperature)
         .arg(&s.top_k)
         .arg(&s.top_p)

@@ -2,6 +2,7 @@
 //! paged caches, and the gather of the accepted nodes' hidden states.
 
 use crate::device::enter_device;
+use crate::launch::MAX_DEPTH;
 use crate::{launch, CudaError, Params};
 use cudarc::driver::sys::CUstream;
 
@@ -13,6 +14,8 @@ pub struct CommitPath {
     pub path_len: usize,
     /// int64 `[bs, L+1]`, −1 padded.
     pub accepted_nodes: u64,
+    /// int32 `[bs]`: the acceptance's status, where a bad index's code is recorded.
+    pub status: u64,
 }
 
 const COMMIT_THREADS: u32 = 256;
@@ -20,7 +23,9 @@ const COMMIT_THREADS: u32 = 256;
 const COMPACT_CHUNK: usize = 1024;
 
 /// Kept slots `[bs, L+1]` (int64, −1 padded) and the release mask `[bs, Q]` (bool) from the
-/// window's slots `[bs, Q]` (int64, SGLang's `out_cache_loc`).
+/// window's slots `[bs, Q]` (int64, SGLang's `out_cache_loc`). With `slots` ≥ 0 each window
+/// slot is checked against `[0, slots)`; a request with a bad node or slot gets kept −1,
+/// nothing released, and a status code.
 ///
 /// # Safety
 /// Live device pointers of the stated shapes on device `ordinal`.
@@ -29,18 +34,22 @@ pub unsafe fn kept_slots(
     stream: u64,
     path: CommitPath,
     window: u64,
+    slots: Option<usize>,
     kept: u64,
     release: u64,
 ) -> Result<(), CudaError> {
     let (dev, _ctx) = enter_device(ordinal)?;
     let (q, pl) = (path.q as i32, path.path_len as i32);
+    let slots = slots.map_or(-1, |s| s as i64);
     let mut p = Params::new();
     p.arg(&window)
         .arg(&path.accepted_nodes)
         .arg(&q)
         .arg(&pl)
+        .arg(&slots)
         .arg(&kept)
-        .arg(&release);
+        .arg(&release)
+        .arg(&path.status);
     let grid = (path.bs as u32, 1, 1);
     launch(
         "cuLaunchKernel(kept_slots)",
@@ -54,8 +63,9 @@ pub unsafe fn kept_slots(
 }
 
 /// Moves, in every buffer of the device table `buffers` (`count` base addresses of
-/// `[slots, row_bytes]` caches), each request's accepted rows to the first `accept_len`
-/// slots of its window, reading every source before writing any destination.
+/// `[slots, row_bytes]` caches, `slots` the smallest row count), each request's accepted
+/// rows to the first `accept_len` slots of its window, reading every source before writing
+/// any destination. A request with a node or slot out of range moves nothing.
 ///
 /// # Safety
 /// Live device pointers; `buffers` holds `count` device addresses.
@@ -68,19 +78,31 @@ pub unsafe fn compact_kv(
     buffers: u64,
     count: usize,
     row_bytes: usize,
+    slots: usize,
 ) -> Result<(), CudaError> {
     if count == 0 || row_bytes == 0 {
         return Ok(());
     }
+    // The kernel stages one chunk per path entry in shared memory (`kMaxPath` of them).
+    if path.path_len > MAX_DEPTH + 1 {
+        return Err(CudaError::arg(format!(
+            "acc: paths of {} entries exceed the GPU limit L + 1 = {}",
+            path.path_len,
+            MAX_DEPTH + 1
+        )));
+    }
     let (dev, _ctx) = enter_device(ordinal)?;
     let (rb, q, pl) = (row_bytes as i64, path.q as i32, path.path_len as i32);
+    let slots = slots as i64;
     let mut p = Params::new();
     p.arg(&buffers)
         .arg(&rb)
+        .arg(&slots)
         .arg(&window)
         .arg(&path.accepted_nodes)
         .arg(&q)
-        .arg(&pl);
+        .arg(&pl)
+        .arg(&path.status);
     let chunks = row_bytes.div_ceil(COMPACT_CHUNK);
     let grid = (path.bs as u32, count as u32, chunks as u32);
     launch(
@@ -95,7 +117,8 @@ pub unsafe fn compact_kv(
 }
 
 /// Gathers hidden rows `[bs*Q, row_bytes]` of the accepted nodes into `[bs, L+1, row_bytes]`
-/// in path order (zeros past each path).
+/// in path order (zeros past each path); a request with a node outside `[0, Q)` keeps its
+/// output rows and gets a status code.
 ///
 /// # Safety
 /// Live device pointers of the stated shapes.
@@ -115,59 +138,13 @@ pub unsafe fn gather_hidden(
         .arg(&path.accepted_nodes)
         .arg(&q)
         .arg(&pl)
-        .arg(&out);
+        .arg(&out)
+        .arg(&path.status);
     let grid = (path.bs as u32, path.path_len as u32, 1);
     launch(
         "cuLaunchKernel(gather_hidden)",
         dev.gather_hidden,
         grid,
-        COMMIT_THREADS,
-        0,
-        stream as CUstream,
-        &mut p,
-    )
-}
-
-/// The device address of pinned host memory at `host`, when the driver maps it into the
-/// device's address space (pinned allocations are mapped under unified addressing), so
-/// kernels can store into it.
-pub fn mapped_host_pointer(ordinal: usize, host: u64) -> Result<u64, CudaError> {
-    let (_dev, _ctx) = enter_device(ordinal)?;
-    let mut out: u64 = 0;
-    // SAFETY: the attribute query writes one CUdeviceptr into `out`.
-    let rc = unsafe {
-        cudarc::driver::sys::cuPointerGetAttribute(
-            (&mut out as *mut u64).cast(),
-            cudarc::driver::sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_POINTER,
-            host,
-        )
-    };
-    rc.result()
-        .map_err(|e| CudaError::driver("cuPointerGetAttribute(DEVICE_POINTER)", e))?;
-    Ok(out)
-}
-
-/// Copies `n` int64 words from device memory `src` to the mapped pinned memory at device
-/// address `dst` with a kernel (no copy engine).
-///
-/// # Safety
-/// `src` holds `n` words on device `ordinal`; `dst` comes from [`mapped_host_pointer`].
-pub unsafe fn readback(
-    ordinal: usize,
-    stream: u64,
-    src: u64,
-    dst: u64,
-    n: usize,
-) -> Result<(), CudaError> {
-    let (dev, _ctx) = enter_device(ordinal)?;
-    let n = n as i32;
-    let mut p = Params::new();
-    p.arg(&src).arg(&dst).arg(&n);
-    let blocks = (n as u32).div_ceil(COMMIT_THREADS).clamp(1, 8);
-    launch(
-        "cuLaunchKernel(readback)",
-        dev.readback,
-        (blocks, 1, 1),
         COMMIT_THREADS,
         0,
         stream as CUstream,

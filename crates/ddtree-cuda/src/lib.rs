@@ -11,11 +11,11 @@ mod commit;
 mod device;
 pub mod fatbin;
 pub mod launch;
+pub mod readback;
 
 pub use accept::{accept_tree, AcceptPtrs, Sampling, WalkTree};
-pub use commit::{
-    compact_kv, gather_hidden, kept_slots, mapped_host_pointer, readback, CommitPath,
-};
+pub use commit::{compact_kv, gather_hidden, kept_slots, CommitPath};
+pub use readback::{mapped_host_pointer, readback, ReadbackRing, ReadbackSrc, SlotLayout};
 
 /// The embedded fatbins (empty when built without the `kernels` feature).
 pub mod kernels {

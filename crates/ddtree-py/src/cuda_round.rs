@@ -3,8 +3,11 @@
 use crate::cuda::logits_of;
 use crate::errors;
 use crate::tensor::TensorArg;
-use ddtree_cuda::{AcceptPtrs, CommitPath, Sampling, WalkTree};
+use ddtree_cuda::{
+    AcceptPtrs, CommitPath, ReadbackRing, ReadbackSrc, Sampling, SlotLayout, WalkTree,
+};
 use pyo3::prelude::*;
+use std::collections::HashMap;
 
 /// Tree links the walk reads (device pointers of int64 `[bs, Q]`).
 #[derive(FromPyObject)]
@@ -24,6 +27,7 @@ pub struct AcceptOutArg {
     accept_index: usize,
     accept_len: usize,
     bonus: usize,
+    status: usize,
 }
 
 /// Per-request sampling parameters and the generator's device state (device pointers).
@@ -62,6 +66,7 @@ pub fn cuda_accept(
         accept_index: out.accept_index as u64,
         accept_len: out.accept_len as u64,
         bonus: out.bonus as u64,
+        status: out.status as u64,
     };
     let sampling = sampling.map(|s| Sampling {
         temperature: s.temperature as u64,
@@ -76,12 +81,26 @@ pub fn cuda_accept(
     .map_err(errors::cuda_to_py)
 }
 
-fn path(bs: usize, q: usize, path_len: usize, accepted_nodes: usize) -> CommitPath {
-    CommitPath {
-        bs,
-        q,
-        path_len,
-        accepted_nodes: accepted_nodes as u64,
+/// An acceptance's path and status pointers, as the commit launches take them.
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+pub struct PathArg {
+    bs: usize,
+    q: usize,
+    path_len: usize,
+    accepted_nodes: usize,
+    status: usize,
+}
+
+impl PathArg {
+    fn path(&self) -> CommitPath {
+        CommitPath {
+            bs: self.bs,
+            q: self.q,
+            path_len: self.path_len,
+            accepted_nodes: self.accepted_nodes as u64,
+            status: self.status as u64,
+        }
     }
 }
 
@@ -92,15 +111,13 @@ pub fn cuda_kept_slots(
     py: Python<'_>,
     device: usize,
     stream: usize,
-    bs: usize,
-    q: usize,
-    path_len: usize,
-    accepted_nodes: usize,
+    path: PathArg,
     window: usize,
+    slots: Option<usize>,
     kept: usize,
     release: usize,
 ) -> PyResult<()> {
-    let p = path(bs, q, path_len, accepted_nodes);
+    let p = path.path();
     // SAFETY: live CUDA tensors of the checked shapes.
     py.detach(|| unsafe {
         ddtree_cuda::kept_slots(
@@ -108,6 +125,7 @@ pub fn cuda_kept_slots(
             stream as u64,
             p,
             window as u64,
+            slots,
             kept as u64,
             release as u64,
         )
@@ -122,16 +140,14 @@ pub fn cuda_compact_kv(
     py: Python<'_>,
     device: usize,
     stream: usize,
-    bs: usize,
-    q: usize,
-    path_len: usize,
-    accepted_nodes: usize,
+    path: PathArg,
     window: usize,
     buffers: usize,
     count: usize,
     row_bytes: usize,
+    slots: usize,
 ) -> PyResult<()> {
-    let p = path(bs, q, path_len, accepted_nodes);
+    let p = path.path();
     // SAFETY: live CUDA tensors; `buffers` holds `count` device addresses.
     py.detach(|| unsafe {
         ddtree_cuda::compact_kv(
@@ -142,6 +158,7 @@ pub fn cuda_compact_kv(
             buffers as u64,
             count,
             row_bytes,
+            slots,
         )
     })
     .map_err(errors::cuda_to_py)
@@ -154,15 +171,12 @@ pub fn cuda_gather_hidden(
     py: Python<'_>,
     device: usize,
     stream: usize,
-    bs: usize,
-    q: usize,
-    path_len: usize,
-    accepted_nodes: usize,
+    path: PathArg,
     hidden: usize,
     row_bytes: usize,
     out: usize,
 ) -> PyResult<()> {
-    let p = path(bs, q, path_len, accepted_nodes);
+    let p = path.path();
     // SAFETY: live CUDA tensors of the checked shapes.
     py.detach(|| unsafe {
         ddtree_cuda::gather_hidden(
@@ -185,17 +199,73 @@ pub fn cuda_mapped_pointer(device: usize, host: usize) -> PyResult<usize> {
         .map_err(errors::cuda_to_py)
 }
 
-/// Kernel copy of `n` int64 words from device memory into mapped pinned host memory.
+/// The readback ring's device side: mapped slots and the cursor (device addresses).
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+pub struct RingArg {
+    slots: usize,
+    cursor: usize,
+    slot_words: usize,
+    nslots: usize,
+}
+
+/// The acceptance fields a readback copies (device addresses) and their shape.
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+pub struct ReadbackSrcArg {
+    accept_len: usize,
+    bonus: usize,
+    accepted_tokens: usize,
+    status: usize,
+    bs: usize,
+    path_len: usize,
+}
+
+/// Writes an acceptance into the ring's next pinned slot and advances its device cursor.
 #[pyfunction]
 pub fn cuda_readback(
     py: Python<'_>,
     device: usize,
     stream: usize,
-    src: usize,
-    dst: usize,
-    n: usize,
+    ring: RingArg,
+    src: ReadbackSrcArg,
 ) -> PyResult<()> {
-    // SAFETY: `src` is a live CUDA tensor of n int64; `dst` came from cuda_mapped_pointer.
-    py.detach(|| unsafe { ddtree_cuda::readback(device, stream as u64, src as u64, dst as u64, n) })
+    let ring = ReadbackRing {
+        slots: ring.slots as u64,
+        cursor: ring.cursor as u64,
+        slot_words: ring.slot_words as i64,
+        nslots: ring.nslots as i32,
+    };
+    let src = ReadbackSrc {
+        accept_len: src.accept_len as u64,
+        bonus: src.bonus as u64,
+        accepted_tokens: src.accepted_tokens as u64,
+        status: src.status as u64,
+        bs: src.bs as i32,
+        path_len: src.path_len as i32,
+    };
+    // SAFETY: live CUDA tensors; `slots` came from cuda_mapped_pointer for a pinned tensor
+    // of nslots * slot_words int64.
+    py.detach(|| unsafe { ddtree_cuda::readback(device, stream as u64, ring, src) })
         .map_err(errors::cuda_to_py)
+}
+
+/// Word offsets of a readback slot's fields for `bs` requests (`SlotLayout`), and the words
+/// a slot for `max_batch` needs: {"accept_len", "bonus", "accepted_tokens", "status",
+/// "end", "slot_words"}.
+#[pyfunction]
+pub fn readback_layout(
+    bs: usize,
+    path_len: usize,
+    max_batch: usize,
+) -> HashMap<&'static str, usize> {
+    let l = SlotLayout::of(bs, path_len);
+    HashMap::from([
+        ("accept_len", l.accept_len),
+        ("bonus", l.bonus),
+        ("accepted_tokens", l.accepted_tokens),
+        ("status", l.status),
+        ("end", l.end),
+        ("slot_words", SlotLayout::slot_words(max_batch, path_len)),
+    ])
 }

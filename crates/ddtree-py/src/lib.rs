@@ -181,6 +181,7 @@ struct AcceptArgs {
     accept_index: usize,
     accept_len: usize,
     bonus: usize,
+    status: usize,
 }
 
 impl AcceptArgs {
@@ -200,6 +201,7 @@ impl AcceptArgs {
             accept_index: slice_mut(self.accept_index, bs * w),
             accept_len: slice_mut(self.accept_len, bs),
             bonus: slice_mut(self.bonus, bs),
+            status: slice_mut(self.status, bs),
         };
         (links, out)
     }
@@ -326,11 +328,14 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cuda_round::cuda_gather_hidden, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_round::cuda_mapped_pointer, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_round::cuda_readback, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_round::readback_layout, m)?)?;
     m.add("CUDA_MAX_BUDGET", ddtree_cuda::launch::MAX_BUDGET)?;
     m.add("CUDA_MAX_K", ddtree_cuda::launch::MAX_K)?;
     m.add("CUDA_MAX_DEPTH", ddtree_cuda::launch::MAX_DEPTH)?;
     m.add("MAX_DEPTH", ddtree_core::select::MAX_DEPTH)?;
     m.add("MAX_BUDGET", batch::MAX_BUDGET)?;
-    m.add("STATUS_NON_FINITE", batch::STATUS_NON_FINITE)?;
+    for (name, code) in ddtree_core::status::ALL {
+        m.add(format!("STATUS_{name}").as_str(), code)?;
+    }
     Ok(())
 }

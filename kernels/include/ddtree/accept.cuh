@@ -21,6 +21,7 @@ struct AcceptOut {
   long long* accept_index;     // [L+1]
   long long* accept_len;       // [1]
   long long* bonus;            // [1]
+  int* status;                 // [1]: kStatusOk or kStatusBadTreeLink
 };
 
 // The tree's links, from shared memory when the tree fits (the walk chases them one by one):
@@ -29,6 +30,7 @@ struct Links {
   const int* local;  // null: read the int64 arrays in global memory
   AcceptTree g;
   int q;
+  bool bad;  // some link lies outside [-1, Q): the walk must not follow any
   __device__ long long token(int i) const { return local ? local[i] : g.verify_ids[i]; }
   __device__ int first_child(int i) const {
     return local ? local[q + i] : static_cast<int>(g.first_child[i]);
@@ -36,24 +38,52 @@ struct Links {
   __device__ int next_sibling(int i) const {
     return local ? local[2 * q + i] : static_cast<int>(g.next_sibling[i]);
   }
-  // The child of `node` that carries `token`, or -1.
+  // The child of `node` that carries `token`, -1 if none, or kCycle when the sibling chain
+  // runs longer than Q (a corrupt tree: a cycle). Links are in range (checked at load).
+  static constexpr int kCycle = -2;
   __device__ int child_with(int node, int token) const {
-    for (int c = first_child(node); c >= 0; c = next_sibling(c))
+    int c = first_child(node);
+    for (int steps = 0; c >= 0; c = next_sibling(c), ++steps) {
+      if (steps == q) return kCycle;
       if (this->token(c) == token) return c;
+    }
     return -1;
   }
 };
 
-// Copies the links into `local` (3 * Q ints of shared memory) when Q <= kLinkCap.
+__device__ __forceinline__ bool link_ok(long long link, int q) { return link >= -1 && link < q; }
+
+// Copies the links into `local` (3 * Q ints of shared memory) when Q <= kLinkCap, and checks
+// every link against [-1, Q) first: the walk follows them as row offsets.
 __device__ Links load_links(int* local, AcceptTree tree, int q) {
-  if (q > kLinkCap) return Links{nullptr, tree, q};
+  const bool in_smem = q <= kLinkCap;
+  int bad = 0;
   for (int i = threadIdx.x; i < q; i += blockDim.x) {
-    local[i] = static_cast<int>(tree.verify_ids[i]);
-    local[q + i] = static_cast<int>(tree.first_child[i]);
-    local[2 * q + i] = static_cast<int>(tree.next_sibling[i]);
+    const long long fc = tree.first_child[i], ns = tree.next_sibling[i];
+    bad |= !link_ok(fc, q) || !link_ok(ns, q);
+    if (in_smem) {
+      local[i] = static_cast<int>(tree.verify_ids[i]);
+      local[q + i] = static_cast<int>(fc);
+      local[2 * q + i] = static_cast<int>(ns);
+    }
   }
-  __syncthreads();
-  return Links{local, tree, q};
+  bad = __syncthreads_or(bad);
+  return Links{in_smem ? local : nullptr, tree, q, bad != 0};
+}
+
+// The root-only result of a request whose links are corrupt (rank 0 of the cluster).
+__device__ void write_root_only(const Links& links, AcceptOut out, int b, int path_len,
+                                int root_token) {
+  for (int i = threadIdx.x; i < path_len; i += blockDim.x) {
+    out.accepted_nodes[i] = i == 0 ? 0 : -1;
+    out.accepted_tokens[i] = i == 0 ? links.token(0) : -1;
+    out.accept_index[i] = i == 0 ? static_cast<long long>(b) * links.q : -1;
+  }
+  if (threadIdx.x == 0) {
+    *out.accept_len = 1;
+    *out.bonus = root_token;
+    *out.status = kStatusBadTreeLink;
+  }
 }
 
 // The walk (SPEC stage 4) for request b, run by each block of its cluster; `rank` 0 writes
@@ -72,20 +102,31 @@ __device__ void accept_request(const T* logits, long long s1, long long s2, int 
   const Links links = load_links(local_links, tree, q);
   Cluster cl{s, 0};
   const int lo = min(V, rank * accept_slice_len(V)), hi = min(V, lo + accept_slice_len(V));
-  int node = 0, len = 0;
-  while (true) {
+  // The posterior token of `node` (a draw is keyed by (stream, request, node), so asking
+  // again for the same node gives the same token).
+  auto posterior = [&](int node) {
     Slice<T> slice{logits + node * s1, s2, lo, hi, cache, false};
-    int token;
     if (temperature > 0.0f) {
       const uint64_t at = splitmix(stream ^ (static_cast<uint64_t>(b) << 32 | node));
-      token = sample_row(slice, temperature, top_k, top_p, V, at, cl);
-    } else {
-      token = argmax_token(row_argmax_key(Slice<T>{slice.row, s2, lo, hi, nullptr, false}, cl));
+      return sample_row(slice, temperature, top_k, top_p, V, at, cl);
+    }
+    return argmax_token(row_argmax_key(Slice<T>{slice.row, s2, lo, hi, nullptr, false}, cl));
+  };
+  // Corrupt links (every block checked every link, so the whole cluster agrees) or a sibling
+  // cycle met on the walk give the root-only result: the walk restarts at the root once
+  // to draw its posterior again (the same token), with one call site for the costly part.
+  bool corrupt = links.bad;
+  int node = 0, len = 0;
+  while (true) {
+    const int token = posterior(node);
+    if (corrupt) {
+      if (rank == 0) write_root_only(links, out, b, path_len, token);
+      break;
     }
     if (threadIdx.x == 0) {
       const int next = len + 1 < path_len ? links.child_with(node, token) : -1;
       s.next = next;
-      if (rank == 0) {
+      if (rank == 0 && next != Links::kCycle) {
         out.accepted_nodes[len] = node;
         out.accepted_tokens[len] = links.token(node);
         out.accept_index[len] = static_cast<long long>(b) * q + node;
@@ -99,15 +140,22 @@ __device__ void accept_request(const T* logits, long long s1, long long s2, int 
     const int next = s.next;
     ++len;
     __syncthreads();
+    if (next == Links::kCycle) {
+      corrupt = true;
+      node = 0;
+      continue;
+    }
     if (next < 0) break;
     node = next;
   }
-  if (rank == 0)
+  if (rank == 0 && !corrupt) {
     for (int i = len + threadIdx.x; i < path_len; i += blockDim.x) {
       out.accepted_nodes[i] = -1;
       out.accepted_tokens[i] = -1;
       out.accept_index[i] = -1;
     }
+    if (threadIdx.x == 0) *out.status = kStatusOk;
+  }
   cg::this_cluster().sync();  // no block leaves while another may read its shared memory
 }
 

@@ -4,6 +4,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "status.h"
+
 namespace ddtree {
 
 constexpr int kWarp = 32;

@@ -13,6 +13,8 @@ pub struct AcceptBuffers<'a> {
     pub accept_index: &'a mut [i64],
     pub accept_len: &'a mut [i64],
     pub bonus: &'a mut [i64],
+    /// `[bs]`: [`crate::status`] code of each request's walk.
+    pub status: &'a mut [i32],
 }
 
 /// The tree side of an accept: the `[bs, Q]` link tensors of a built tree.
@@ -62,10 +64,11 @@ pub fn accept_tree<T: Element>(
         .par_chunks_mut(width)
         .zip(out.accepted_tokens.par_chunks_mut(width))
         .zip(out.accept_index.par_chunks_mut(width))
-        .zip(out.accept_len.par_iter_mut().zip(out.bonus.par_iter_mut()));
+        .zip(out.accept_len.par_iter_mut().zip(out.bonus.par_iter_mut()))
+        .zip(out.status.par_iter_mut());
     per_request
         .enumerate()
-        .for_each(|(b, (((nodes, tokens), index), (len, bonus)))| {
+        .for_each(|(b, ((((nodes, tokens), index), (len, bonus)), status))| {
             let row_out = AcceptOut {
                 accepted_nodes: nodes,
                 accepted_tokens: tokens,
@@ -98,6 +101,7 @@ pub fn accept_tree<T: Element>(
             };
             *len = walked.accept_len as i64;
             *bonus = walked.bonus;
+            *status = walked.status;
         });
     Ok(())
 }
@@ -116,6 +120,9 @@ fn check_accept<T: Element>(
             links.verify_ids.len(),
             links.q
         )
+    })?;
+    ensure(out.status.len() == bs, "out", || {
+        "status must be [bs]".into()
     })?;
     let width = out.accepted_nodes.len() / bs;
     ensure(

@@ -13,10 +13,7 @@ use crate::emit::mask_words;
 use crate::error::{ensure, Result};
 use crate::select::MAX_DEPTH;
 
-/// `status` value of a request whose tree was built.
-pub const STATUS_OK: i32 = 0;
-/// `status` value of a request whose draft logits hold NaN or `+inf` (SPEC stage 1).
-pub const STATUS_NON_FINITE: i32 = 1;
+pub use crate::status::{NON_FINITE as STATUS_NON_FINITE, OK as STATUS_OK};
 /// Largest node budget: ranks and node indices are kept in 16 bits.
 pub const MAX_BUDGET: usize = 65534;
 
