@@ -1,5 +1,5 @@
 """``python -m ddtree bench --loop``: the seed's experiment — a synthetic DDTree decode loop
-on the GPU in three modes, measured in one run, to show where the GPU waits for the host.
+on the GPU in four modes, measured in one run, to show where the GPU waits for the host.
 
 Per round: a draft forward and a verify forward stood in for by bf16 GEMMs of a chosen GPU
 time (``--draft-ms``, ``--verify-ms``), draft logits drawn from a pool of DFlash-like rows,
@@ -12,14 +12,17 @@ and target logits that accept each request's first-child chain down to a random 
 2. ``eager``: ``Stepper.step()`` and ``Stepper.accept()`` between the forwards, the
    acceptance read back one round late with ``Stepper.readback()``;
 3. ``graph``: the whole round (draft, build, verify, accept, readback copy) as one CUDA
-   graph, replayed.
+   graph, replayed with ``Stepper.replay``;
+4. ``caller``: the same round captured in the caller's own ``torch.cuda.graph`` and
+   replayed with ``graph.replay()``, as SGLang's CUDA-graph runner does (the readback ring's
+   cursor lives on the device, so these replays read back too).
 
 Per mode: wall time per round, GPU busy time per round and the GPU idle fraction (union of
 kernel and copy intervals from the torch profiler over ``--profile-rounds`` steady rounds,
 after one that starts the queue), the part of that idle next to ddtree's own work, host
 syncs per round (torch's sync-debug warnings), and how far the host runs ahead (rounds
 enqueued but not finished when the host finishes enqueuing one). ``--plot FILE.png`` draws
-GPU busy vs idle over time for the three modes (matplotlib; without it, the intervals are
+GPU busy vs idle over time for the modes (matplotlib; without it, the intervals are
 written to FILE.json and ``--plot-from FILE.json --plot FILE.png`` draws them elsewhere).
 """
 
@@ -39,10 +42,10 @@ import torch
 
 from . import reference
 from ._api import accept_tree
-from .bench_gpu import graph_time_us, peaked_logits
+from .bench_gpu import check_limits, graph_time_us, peaked_logits
 from .stepper import Stepper
 
-MODES = ("cpu", "eager", "graph")
+MODES = ("cpu", "eager", "graph", "caller")
 AHEAD = 2  # rounds the host may run ahead before it waits on an older round's event
 
 
@@ -187,6 +190,13 @@ def make_runner(mode: str, model: Model, args, dev):
     stepper = Stepper(args.bs, args.budget, args.depth, args.vocab, device=dev)
     if mode == "eager":
         return (lambda: stepper_round(model, stepper, st)), stepper
+    if mode == "caller":
+        stepper_round(model, stepper, st)  # warm-up outside capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            stepper_round(model, stepper, st)
+        return graph.replay, stepper
     stepper.capture(
         model.x, st.roots, st.prefix, verify_of(model), before=model.draft, after=advance(st)
     )
@@ -427,17 +437,40 @@ def print_accept_times(rows) -> None:
         print(f"{r['target']} | {r['bs']} | {cells}")
 
 
-def parse(argv):
-    p = argparse.ArgumentParser(prog="python -m ddtree bench --loop")
-    p.add_argument("--bs", type=int, default=64)
-    p.add_argument("--budget", type=int, default=255)
-    p.add_argument("--depth", type=int, default=15)
-    p.add_argument("--vocab", type=int, default=151936)
-    p.add_argument("--rounds", type=int, default=200)
-    p.add_argument("--cpu-rounds", type=int, default=20, help="rounds of mode 1 (slow)")
-    p.add_argument("--profile-rounds", type=int, default=5)
-    p.add_argument("--draft-ms", type=float, default=2.0)
-    p.add_argument("--verify-ms", type=float, default=8.0)
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m ddtree bench --loop",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--bs", type=int, default=64, help="requests in the batch (default 64)")
+    p.add_argument("--budget", type=int, default=255, help="node budget B (default 255)")
+    p.add_argument("--depth", type=int, default=15, help="depth limit L (default 15)")
+    p.add_argument("--vocab", type=int, default=151936, help="vocabulary V (default 151936)")
+    p.add_argument(
+        "--rounds", type=int, default=200, help="timed rounds of each GPU mode (default 200)"
+    )
+    p.add_argument(
+        "--cpu-rounds", type=int, default=20, help="timed rounds of mode cpu, slow (default 20)"
+    )
+    p.add_argument(
+        "--profile-rounds",
+        type=int,
+        default=5,
+        help="steady rounds the profiler measures GPU busy/idle time over (default 5)",
+    )
+    p.add_argument(
+        "--draft-ms",
+        type=float,
+        default=2.0,
+        help="GPU ms of the GEMMs standing in for the draft forward (default 2.0)",
+    )
+    p.add_argument(
+        "--verify-ms",
+        type=float,
+        default=8.0,
+        help="GPU ms of the GEMMs standing in for the verify forward (default 8.0)",
+    )
     p.add_argument(
         "--modes",
         nargs="*",
@@ -447,7 +480,14 @@ def parse(argv):
     )
     p.add_argument("--plot", default=None, help="write the busy/idle timeline PNG here")
     p.add_argument("--plot-from", default=None, help="draw --plot from a saved JSON")
+    return p
+
+
+def parse(argv):
+    p = parser()
     args, _ = p.parse_known_args(argv)
+    if args.plot_from is None:  # drawing a saved timeline runs nothing
+        check_limits(p, args.budget, args.depth)
     return args
 
 

@@ -7,6 +7,7 @@ from typing import NamedTuple
 import torch
 
 from . import _api, _buffers, _commit, _cpu, _cuda, _sampling, _validate
+from ._readback import READBACK_SLOTS, ReadbackRing
 from ._types import Acceptance, Tree
 
 
@@ -15,66 +16,15 @@ class _Plan(NamedTuple):
     launch: object  # _cuda.LaunchPlan on CUDA
 
 
-_READBACK = ("accept_len", "accepted_tokens", "bonus")
-READBACK_SLOTS = 4  # pinned readback buffers: how many accepts the host may run ahead
-
-
-class _Readback:
-    """One pinned host copy of an acceptance's readback fields and the event that says it
-    has landed. The fields sit adjacent in the Stepper's device buffer, so one copy moves
-    them: a kernel storing into the pinned buffer through its device mapping, or, where
-    the driver does not map it, a memcpy (which costs the stream a switch to the copy
-    engine and back, ~8 µs each way on the H200)."""
-
-    def __init__(self, bufs: _buffers.FlatBuffers):
-        self.device_span = bufs.span(_READBACK)
-        self.host = torch.empty_like(self.device_span, device="cpu", pin_memory=True)
-        self.mapped = _cuda.mapped_pointer(self.device_span.device, self.host)
-        base = min(bufs.regions[name][1] for name in _READBACK)
-        self.fields = {name: bufs.regions[name][1] - base for name in _READBACK}
-        self.event = _new_event()
-        self.stamp = -1  # which readback write this slot holds (-1: none yet)
-        self.bs, self.path = 0, 0  # the shape of what it holds: [bs, path] tokens
-
-    def start(self, acc: Acceptance, stamp: int) -> None:
-        self.hold(acc, stamp)
-        if self.mapped is None:
-            self.host.copy_(self.device_span, non_blocking=True)
-        else:
-            _cuda.readback_into(self.device_span, self.mapped)
-        self.event.record()
-
-    def hold(self, acc: Acceptance, stamp: int) -> None:
-        """Says what the slot holds once its pending write lands."""
-        self.bs, self.path = acc.accepted_tokens.shape
-        self.stamp = stamp
-
-    def result(self) -> dict:
-        bs, path = self.bs, self.path
-        shapes = {"accept_len": (bs,), "bonus": (bs,), "accepted_tokens": (bs, path)}
-        out = {
-            name: self.host[at : at + _buffers._numel(shapes[name])].view(shapes[name])
-            for name, at in self.fields.items()
-        }
-        out["round"] = self.stamp
-        return out
+_READBACK = ("accept_len", "accepted_tokens", "bonus", "status")  # what readback() holds
 
 
 class RoundGraph:
     """A captured round (step → verify → accept) and the views its replays rewrite; run it
     with ``Stepper.replay(bs)``."""
 
-    def __init__(self, graph, tree: Tree, acc: Acceptance, slot: _Readback):
-        self.graph, self.tree, self.acc, self.slot = graph, tree, acc, slot
-
-
-def _new_event():
-    """An event that records as an external node under graph capture (so that ``query``
-    after a replay reports that replay's progress)."""
-    try:
-        return torch.cuda.Event(external=True)
-    except TypeError:  # older torch: a plain event
-        return torch.cuda.Event()
+    def __init__(self, graph, tree: Tree, acc: Acceptance):
+        self.graph, self.tree, self.acc = graph, tree, acc
 
 
 class Stepper:
@@ -100,8 +50,10 @@ class Stepper:
         self.depth = _validate.positive_int("depth", depth, limit=_validate.MAX_DEPTH)
         self.vocab = _validate.positive_int("vocab", vocab)
         self.topk = _validate.optional_positive_int("topk", topk)
-        self.device = _validate.concrete_device(torch.device(device))
-        _validate.supported_device(self.device, "device")
+        device = torch.device(device)
+        _validate.supported_device(device, "device")
+        _validate.cuda_present(device, "device")
+        self.device = _validate.concrete_device(device)
         if self.device.type == "cuda":
             self._check_cuda_limits()
             _cuda.prepare(self.device)
@@ -114,23 +66,22 @@ class Stepper:
         self._scratch = _cuda.new_scratch(rows, self.device) if self.device.type == "cuda" else {}
         self._plans: dict[tuple, _Plan] = {}
         self._tree: Tree | None = None
+        self._draft_vocab: int | None = None  # V of the last step(): accept's target must match
         self._acc: Acceptance | None = None
         self._cuda_round_state(seed)
 
     def _cuda_round_state(self, seed: int) -> None:
-        """Sampling state, readback pinned buffers and event, commit outputs (CUDA only)."""
+        """Sampling state, the readback ring, commit outputs (CUDA only)."""
         self._sampling = None
-        self._ring: list[_Readback] = []
-        self._cursor = 0  # readback writes issued: eager accepts, captures and replays
-        self._stamp = -1  # readback writes issued (accepts and graph replays)
-        self._returned = -1  # stamp of the last readback returned
-        self._graphs: dict[int, list[RoundGraph]] = {}
+        self._ring: ReadbackRing | None = None
+        self._cpu_round = -1  # publishing calls on the CPU path (readback's "round")
+        self._graphs: dict[int, RoundGraph] = {}
         self._caches: _commit.CacheTable | None = None
         if self.device.type != "cuda":
             return
         self._sampling = _sampling.SamplingState(self.max_batch, self.device, seed)
         n, path = self.max_batch, self.depth + 1
-        self._ring = [_Readback(self._acc_bufs) for _ in range(READBACK_SLOTS)]
+        self._ring = ReadbackRing(n, path, self.device, READBACK_SLOTS)
         q = self.budget + 1
         self._kept = torch.empty(n, path, dtype=torch.int64, device=self.device)
         self._release = torch.empty(n, q, dtype=torch.bool, device=self.device)
@@ -156,7 +107,7 @@ class Stepper:
         roots = _validate.index_vector("root_tokens", root_tokens, bs, self.device)
         prefix = _validate.index_vector("prefix_lens", prefix_lens, bs, self.device)
         _validate.in_vocab("root_tokens", roots, vocab)  # CPU only: on CUDA, a status code
-        _validate.non_negative("prefix_lens", prefix)
+        _validate.prefix_lens(prefix, depth)  # CPU only, as above
         k = _api.k_of(self.budget, vocab, self.topk)
         plan = self._plan(bs, depth, k)
         if self.device.type == "cuda":
@@ -164,6 +115,7 @@ class Stepper:
         else:
             _cpu.build_into(plan.tree, x, roots, prefix, self.budget, self.topk)
         self._tree = plan.tree
+        self._draft_vocab = vocab
         return plan.tree
 
     def _plan(self, bs: int, depth: int, k: int) -> _Plan:
@@ -178,8 +130,22 @@ class Stepper:
             plan = self._plans[key] = _Plan(tree, launch)
         return plan
 
-    def accept(self, target_logits, temperature=None, top_k=None, top_p=None, generator=None):
-        """SPEC stage 4 for the tree of the last ``step``; returns views of static buffers."""
+    def accept(
+        self,
+        target_logits,
+        temperature=None,
+        top_k=None,
+        top_p=None,
+        generator=None,
+        *,
+        readback=True,
+    ):
+        """SPEC stage 4 for the tree of the last ``step``; returns views of static buffers.
+
+        On CUDA, ``readback=True`` also stores the acceptance into the next pinned slot of
+        the readback ring (``readback()`` finds it). Pass False when a commit call later in
+        the round publishes instead (``kept_slots(..., readback=True)``), so that the slot
+        carries that call's status codes too."""
         self._check_open()
         if self._tree is None:
             raise RuntimeError("Stepper.accept: call step() first")
@@ -187,49 +153,53 @@ class Stepper:
         shapes = _buffers.acceptance_shapes(tree.batch_size, tree.depth)
         acc = Acceptance(**self._acc_bufs.view(shapes))
         _api.accept_into(
-            tree, target_logits, acc, temperature, top_k, top_p, generator, self._sampling
+            tree,
+            target_logits,
+            acc,
+            temperature,
+            top_k,
+            top_p,
+            generator,
+            self._sampling,
+            self._draft_vocab,
         )
         self._acc = acc
-        if self.device.type == "cuda":
-            self._start_readback(acc)
+        self._publish(acc, readback)
         return acc
 
-    def _start_readback(self, acc: Acceptance) -> None:
-        """Async copies of the acceptance into the next pinned slot of a ring, then its
-        event (an external event node when this runs inside a graph capture). The ring lets
-        the host run a few rounds ahead and still find an older round's tokens ready."""
-        slot = self._ring[self._cursor % READBACK_SLOTS]
-        self._cursor += 1
-        self._stamp += 1
-        slot.start(acc, self._stamp)
+    def _publish(self, acc: Acceptance, readback: bool) -> None:
+        if not readback:
+            return
+        if self.device.type == "cuda":
+            self._ring.write(acc)
+        else:
+            self._cpu_round += 1
 
     def readback(self, wait: bool = False):
-        """Host copy of an acceptance (``accept_len``, ``accepted_tokens``, ``bonus``, and
-        ``round``: which accept or ``replay``, counted from 0): the newest one the GPU has
-        finished and that was not returned before, or None (never blocks). ``wait=True``
-        blocks on the newest one's event (not inside a graph capture). Tensors are views of
-        pinned buffers, rewritten READBACK_SLOTS accepts later.
+        """Host copy of a published acceptance: ``accept_len``, ``accepted_tokens``,
+        ``bonus``, ``status`` (int32) and ``round`` (which readback write, counted from 0 —
+        eager calls and replays of any graph alike). Returns the newest one the GPU has
+        finished that was not returned before, or None; never blocks, syncs or reads an
+        event. ``wait=True`` first waits for the current stream (not inside a graph
+        capture) and returns the newest one even if it was returned before. The tensors are
+        the caller's own copies.
 
-        On the CPU path the results are on the host as soon as ``accept`` returns.
+        On the CPU path the acceptance is on the host as soon as ``accept`` returns: this
+        returns copies of its fields, which later calls leave alone.
         """
         self._check_open()
-        if self._acc is None:
-            return None
         if self.device.type != "cuda":
-            acc = self._acc
-            return {name: getattr(acc, name) for name in _READBACK}
+            if self._acc is None or self._cpu_round < 0:
+                return None
+            out = {name: getattr(self._acc, name).clone() for name in _READBACK}
+            out["round"] = self._cpu_round
+            return out
         if wait:
-            newest = max(self._ring, key=lambda s: s.stamp)
-            newest.event.synchronize()
-            self._returned = max(self._returned, newest.stamp)
-            return newest.result()
-        for slot in sorted(self._ring, key=lambda s: -s.stamp):
-            if slot.stamp <= self._returned:
-                break
-            if slot.event.query():
-                self._returned = slot.stamp
-                return slot.result()
-        return None
+            if torch.cuda.is_current_stream_capturing():
+                raise RuntimeError("Stepper.readback(wait=True): not allowed inside a capture")
+            torch.cuda.current_stream(self.device).synchronize()
+            return self._ring.newest(fresh_only=False)
+        return self._ring.newest()
 
     def capture(
         self,
@@ -249,12 +219,9 @@ class Stepper:
         values written into the same input tensors. Returns the ``RoundGraph`` (its
         ``tree`` and ``acc`` are the views each replay rewrites).
 
-        The round is captured READBACK_SLOTS times, graph i writing readback slot i (the
-        graphs share one memory pool: they never run at once); a replay runs the graph of
-        the next slot of the ring that eager accepts also advance. So a host running a few
-        replays ahead still finds an older replay's tokens ready, as in eager mode; with
-        one graph every replay would rewrite the slot the host waits on. The slots' earlier
-        contents are dropped at capture (readback returns None until a write lands)."""
+        One graph per batch size: the readback kernel picks its ring slot from a cursor in
+        device memory, so each replay writes the next slot and a host a few replays behind
+        still finds older rounds whole."""
         self._check_open()
         if self.device.type != "cuda":
             raise ValueError("Stepper.capture: CUDA graphs need device='cuda'")
@@ -271,45 +238,47 @@ class Stepper:
 
         round_()  # warm-up outside capture (cuBLAS handles, caching allocator)
         torch.cuda.synchronize(self.device)
-        graphs, pool, cursor = [], None, self._cursor
-        for i in range(READBACK_SLOTS):
-            self._cursor = i  # graph i writes slot i
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                tree, acc = round_()
-            pool = graph.pool()
-            graphs.append(RoundGraph(graph, tree, acc, self._ring[i]))
-        self._cursor = cursor
-        for slot in self._ring:  # captured writes have not run: the slots hold nothing yet
-            slot.stamp = -1
-        self._graphs[bs] = graphs
-        return graphs[0]
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            tree, acc = round_()
+        self._graphs[bs] = RoundGraph(graph, tree, acc)
+        return self._graphs[bs]
 
     def replay(self, bs: int):
         """Replays the round captured for batch size ``bs``; returns its ``RoundGraph``."""
         self._check_open()
-        graphs = self._graphs.get(bs)
-        if graphs is None:
+        graph = self._graphs.get(bs)
+        if graph is None:
             raise ValueError(f"bs: no round captured for batch size {bs}; call capture() first")
-        # Eager accepts and every bucket's replays take slots from one cursor, so a slot is
-        # rewritten only READBACK_SLOTS readback writes later.
-        graph = graphs[self._cursor % READBACK_SLOTS]
-        self._cursor += 1
         graph.graph.replay()
-        self._stamp += 1
-        graph.slot.hold(graph.acc, self._stamp)
         self._tree, self._acc = graph.tree, graph.acc
         return graph
 
-    def kept_slots(self, out_cache_loc):
+    def kept_slots(self, out_cache_loc, *, readback=False):
         """SPEC stage 5 for the last acceptance: the kept KV slots ``[bs, L+1]`` in path
-        order (−1 padded) and the release mask ``[bs, Q]``, as views of static buffers."""
+        order (−1 padded) and the release mask ``[bs, Q]``, as views of static buffers.
+        With registered caches, window slots outside them give ``STATUS_SLOT_OUT_OF_RANGE``
+        in ``acc.status``; ``readback=True`` then publishes the acceptance (see ``accept``)."""
         acc = self._last_acceptance("kept_slots")
+        self._check_window(out_cache_loc)
+        slots = self._caches.slots if self._caches is not None else None
         if self.device.type != "cuda":
-            return _commit.kept_slots(acc, out_cache_loc)
-        bs = acc.batch_size
-        kept, release = self._kept[:bs], self._release[:bs]
-        return _commit.kept_slots(acc, out_cache_loc, kept=kept, release=release)
+            result = _commit.kept_slots(acc, out_cache_loc, num_slots=slots)
+        else:
+            bs = acc.batch_size
+            kept, release = self._kept[:bs], self._release[:bs]
+            result = _commit.kept_slots(
+                acc, out_cache_loc, kept=kept, release=release, num_slots=slots
+            )
+        self._publish(acc, readback)
+        return result
+
+    def _check_window(self, out_cache_loc) -> None:
+        """The verify window must be [bs, Q] of the last step's tree."""
+        q = self._tree.width
+        shape = getattr(out_cache_loc, "shape", None)
+        if shape is not None and len(shape) == 2 and shape[1] != q:
+            raise ValueError(f"out_cache_loc: must be [bs, {q}] (Q of the tree), got {list(shape)}")
 
     def register_caches(self, caches) -> None:
         """The paged KV caches ``compact_kv`` moves rows in (each ``[slots, ...]``, rows
@@ -317,19 +286,25 @@ class Stepper:
         self._check_open()
         self._caches = _commit.CacheTable(caches, self.device)
 
-    def compact_kv(self, out_cache_loc) -> None:
+    def compact_kv(self, out_cache_loc, *, readback=False) -> None:
         """Moves, in every registered cache, each request's accepted rows to the first
-        ``accept_len`` slots of its verify window (one launch; sources read first)."""
+        ``accept_len`` slots of its verify window (one launch; sources read first). A
+        request with a slot out of the caches moves nothing (``acc.status``);
+        ``readback=True`` then publishes the acceptance (see ``accept``)."""
         acc = self._last_acceptance("compact_kv")
         if self._caches is None:
             raise RuntimeError("Stepper.compact_kv: call register_caches() first")
+        self._check_window(out_cache_loc)
         _commit.compact_kv(acc, out_cache_loc, self._caches)
+        self._publish(acc, readback)
 
-    def gather_hidden(self, hidden, out):
+    def gather_hidden(self, hidden, out, *, readback=False):
         """The accepted nodes' hidden rows ``[bs*Q, H]`` → ``out`` ``[bs, L+1, H]`` in path
         order (zeros past each path); ``accept_len`` counts the real rows."""
         acc = self._last_acceptance("gather_hidden")
-        return _commit.gather_hidden(acc, hidden, out=out)
+        result = _commit.gather_hidden(acc, hidden, out=out)
+        self._publish(acc, readback)
+        return result
 
     def _last_acceptance(self, what: str) -> Acceptance:
         self._check_open()
@@ -344,7 +319,7 @@ class Stepper:
         self._plans.clear()
         self._scratch = {}
         self._sampling = self._caches = None
-        self._ring, self._graphs = [], {}
+        self._ring, self._graphs = None, {}
 
     def _check_open(self) -> None:
         if self._tree_bufs is None:

@@ -1,0 +1,91 @@
+"""The host side of the readback ring: pinned slots the readback kernel stores acceptances
+into (``kernels/include/ddtree/readback.cuh``), and the reader that finds the newest whole
+one without a sync or an event.
+
+The ring's cursor is in device memory and the kernel advances it, so every execution of a
+readback — eager, ``Stepper.replay``, or a replay of a graph the caller captured — writes
+the next slot, stamped with its round. The reader checks a slot's end stamp, copies the
+slot, then re-checks its begin stamp (a seqlock): a slot rewritten while it was copied is
+skipped, never returned torn."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from . import _core, _cuda
+from ._types import Acceptance
+
+READBACK_SLOTS = 4  # how many rounds the host may fall behind and still read each one
+
+
+class ReadbackRing:
+    def __init__(self, max_batch: int, path_len: int, device: torch.device, nslots: int):
+        self.device = device
+        self.max_batch = max_batch
+        self.slot_words = _core.readback_layout(max_batch, path_len, max_batch)["slot_words"]
+        self.host = torch.zeros(nslots, self.slot_words, dtype=torch.int64, pin_memory=True)
+        self.words = self.host.numpy()  # zero-copy: the reader's loads go straight to it
+        mapped = _cuda.mapped_pointer(device, self.host)
+        if mapped is None:
+            raise RuntimeError(
+                "Stepper: the driver does not map pinned host memory into the device's "
+                "address space, which the readback ring needs"
+            )
+        self.cursor = torch.zeros(1, dtype=torch.int64, device=device)
+        self.arg = {
+            "slots": mapped,
+            "cursor": self.cursor.data_ptr(),
+            "slot_words": self.slot_words,
+            "nslots": nslots,
+        }
+        self.returned = 0  # stamp (round + 1) of the newest slot returned; 0: none
+        self._layouts: dict[tuple, dict] = {}
+
+    def write(self, acc: Acceptance) -> None:
+        """Launches the kernel that stores ``acc`` into the next slot (capturable)."""
+        bs, path_len = acc.accepted_tokens.shape
+        src = {
+            "accept_len": acc.accept_len.data_ptr(),
+            "bonus": acc.bonus.data_ptr(),
+            "accepted_tokens": acc.accepted_tokens.data_ptr(),
+            "status": acc.status.data_ptr(),
+            "bs": bs,
+            "path_len": path_len,
+        }
+        _core.cuda_readback(*_cuda.launch_on(self.device), self.arg, src)
+
+    def newest(self, fresh_only: bool = True) -> dict | None:
+        """The newest whole slot (not returned before, with ``fresh_only``), or None."""
+        ends = self.words[:, -1].copy()
+        for i in np.argsort(-ends, kind="stable"):
+            stamp = int(ends[i])
+            if stamp <= 0 or (fresh_only and stamp <= self.returned):
+                return None
+            result = self._copy(int(i), stamp)
+            if result is not None:
+                self.returned = max(self.returned, stamp)
+                return result
+        return None
+
+    def _copy(self, i: int, stamp: int) -> dict | None:
+        """Slot i as tensors, if it still holds `stamp` after the copy (else None: torn)."""
+        data = self.words[i].copy()
+        if int(self.words[i, 0]) != stamp or int(data[-1]) != stamp:
+            return None
+        bs, path = int(data[1]), int(data[2])
+        at = self._layout(bs, path)
+        tensor = torch.from_numpy
+        return {
+            "accept_len": tensor(data[at["accept_len"] : at["bonus"]]),
+            "bonus": tensor(data[at["bonus"] : at["accepted_tokens"]]),
+            "accepted_tokens": tensor(data[at["accepted_tokens"] : at["status"]]).view(bs, path),
+            "status": tensor(data[at["status"] : at["end"]].astype(np.int32)),
+            "round": stamp - 1,
+        }
+
+    def _layout(self, bs: int, path: int) -> dict:
+        key = (bs, path)
+        if key not in self._layouts:
+            self._layouts[key] = _core.readback_layout(bs, path, self.max_batch)
+        return self._layouts[key]
