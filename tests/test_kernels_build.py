@@ -11,7 +11,7 @@ import ddtree._cuda as cuda
 def test_every_kernel_module_holds_sm90_and_sm120_code_and_ptx():
     images = set(cuda.images())
     modules = {m for m, _, _ in images}
-    assert modules == {"candidates", "select", "emit", "accept", "commit"}
+    assert modules == {"candidates", "select", "emit", "accept", "commit", "attention"}
     for module in modules:
         for arch in (90, 120):
             assert (module, False, arch) in images, f"{module}: no sm_{arch} machine code"

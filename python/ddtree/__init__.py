@@ -5,6 +5,7 @@ CPU tensors run the Rust CPU path; ``ddtree.reference`` is the plain-Python orac
 """
 
 from ._api import accept_tree, build_tree
+from ._attention import AttentionWorkspace, tree_attention
 from ._commit import compact_kv, gather_hidden, kept_slots
 
 # Per-request status codes (Tree.status, Acceptance.status), defined once in the Rust core
@@ -27,6 +28,7 @@ from .stepper import Stepper
 
 __all__ = [
     "Acceptance",
+    "AttentionWorkspace",
     "STATUS_BAD_TREE_LINK",
     "STATUS_NEGATIVE_PREFIX",
     "STATUS_NODE_OUT_OF_RANGE",
@@ -41,4 +43,5 @@ __all__ = [
     "compact_kv",
     "gather_hidden",
     "kept_slots",
+    "tree_attention",
 ]

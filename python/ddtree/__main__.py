@@ -17,7 +17,7 @@ COMMANDS = {
     "bench": (
         bench,
         "time a round per stage: the reference vs the Rust CPU path; --device cuda: the GPU "
-        "build; --loop: a GPU decode loop",
+        "build; --loop: a GPU decode loop; --attention: the GPU tree verify attention",
     ),
 }
 
@@ -39,6 +39,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import bench_loop
 
         return bench_loop.main([a for a in argv[1:] if a != "--loop"])
+    if argv[:1] == ["bench"] and "--attention" in argv:  # so has the attention benchmark
+        from . import bench_attention
+
+        return bench_attention.main([a for a in argv[1:] if a != "--attention"])
     args = build_parser().parse_args(argv)
     args.argv = list(argv)  # the benchmark prints the exact command line it ran
     return args.run(args)

@@ -88,36 +88,32 @@ def cuda_accept(
 def cuda_kept_slots(
     device: int,
     stream: int,
-    bs: int,
-    q: int,
-    path_len: int,
-    accepted_nodes: int,
+    path: dict[str, int],
     window: int,
+    slots: int | None,
     kept: int,
     release: int,
 ) -> None: ...
 def cuda_compact_kv(
     device: int,
     stream: int,
-    bs: int,
-    q: int,
-    path_len: int,
-    accepted_nodes: int,
+    path: dict[str, int],
     window: int,
     buffers: int,
     count: int,
     row_bytes: int,
+    slots: int,
 ) -> None: ...
 def cuda_gather_hidden(
     device: int,
     stream: int,
-    bs: int,
-    q: int,
-    path_len: int,
-    accepted_nodes: int,
+    path: dict[str, int],
     hidden: int,
     row_bytes: int,
     out: int,
 ) -> None: ...
 def cuda_mapped_pointer(device: int, host: int) -> int: ...
-def cuda_readback(device: int, stream: int, src: int, dst: int, n: int) -> None: ...
+def cuda_readback(device: int, stream: int, ring: dict[str, int], src: dict[str, int]) -> None: ...
+def readback_layout(bs: int, path_len: int, max_batch: int) -> dict[str, int]: ...
+def cuda_tree_attention(device: int, stream: int, a: dict[str, object], f16: bool) -> None: ...
+def attention_tile(dqk: int) -> tuple[int, int] | None: ...

@@ -6,7 +6,8 @@ depth) go through ``ddtree.reference`` one request at a time and through ``ddtre
 accepts several tokens. Times are microseconds per request.
 
 ``--device cuda`` times the GPU build instead (``ddtree/bench_gpu.py``) and ``--loop`` a
-synthetic decode loop on the GPU (``ddtree/bench_loop.py``); each takes its own flags.
+synthetic decode loop on the GPU (``ddtree/bench_loop.py``), ``--attention`` the tree verify
+attention (``ddtree/bench_attention.py``); each takes its own flags.
 """
 
 from __future__ import annotations
@@ -73,8 +74,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--loop",
         action="store_true",
-        help="the GPU decode-loop benchmark in three modes, with its own flags (see "
+        help="the GPU decode-loop benchmark in four modes, with its own flags (see "
         "ddtree/bench_loop.py; `python -m ddtree` routes it there before parsing)",
+    )
+    p.add_argument(
+        "--attention",
+        action="store_true",
+        help="the GPU tree verify attention against torch SDPA, with its own flags (see "
+        "ddtree/bench_attention.py; routed there before parsing like --loop)",
     )
     p.add_argument(
         "--device",

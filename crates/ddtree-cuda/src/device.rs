@@ -60,6 +60,11 @@ pub struct Device {
     pub readback: CUfunction,
     pub compact_kv: CUfunction,
     pub gather_hidden: CUfunction,
+    /// Tree verify attention: the index check, the blocks per [`crate::attention::VARIANTS`]
+    /// entry (bf16 then f16), and the split merge per dtype (bf16, f16).
+    pub attention_check: CUfunction,
+    pub attention: Vec<CUfunction>,
+    pub attention_merge: [CUfunction; 2],
     _modules: Vec<CUmodule>,
 }
 
@@ -125,6 +130,7 @@ impl Device {
         let emit = load(kernels::EMIT, "emit")?;
         let accept = load(kernels::ACCEPT, "accept")?;
         let commit = load(kernels::COMMIT, "commit")?;
+        let attention = load(kernels::ATTENTION, "attention")?;
         let f = |m, name: &str| function(m, name);
         let select_fn = f(select, "ddtree_select")?;
         let cand = [
@@ -144,7 +150,21 @@ impl Device {
         for a in accept_fns {
             allow_dynamic_smem(a, crate::accept::ACCEPT_SMEM_CAP)?;
         }
+        let mut attention_fns = Vec::new();
+        for dtype in ["bf16", "f16"] {
+            for v in crate::attention::VARIANTS {
+                let a = f(attention, &format!("ddtree_attention_{dtype}_d{}", v.d))?;
+                allow_dynamic_smem(a, v.smem_bytes(2))?;
+                attention_fns.push(a);
+            }
+        }
         Ok(Self {
+            attention_check: f(attention, "ddtree_attention_check")?,
+            attention: attention_fns,
+            attention_merge: [
+                f(attention, "ddtree_attention_merge_bf16")?,
+                f(attention, "ddtree_attention_merge_f16")?,
+            ],
             candidates_f32: cand[0],
             candidates_f16: cand[1],
             candidates_bf16: cand[2],

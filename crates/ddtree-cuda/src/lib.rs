@@ -7,6 +7,7 @@
 //! can be captured in a CUDA graph.
 
 mod accept;
+pub mod attention;
 mod commit;
 mod device;
 pub mod fatbin;
@@ -396,6 +397,7 @@ pub fn embedded_images() -> Vec<(&'static str, Vec<fatbin::Image>)> {
         ("emit", kernels::EMIT),
         ("accept", kernels::ACCEPT),
         ("commit", kernels::COMMIT),
+        ("attention", kernels::ATTENTION),
     ]
     .into_iter()
     .map(|(name, data)| (name, fatbin::images(data).unwrap_or_default()))

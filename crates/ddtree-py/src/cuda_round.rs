@@ -269,3 +269,95 @@ pub fn readback_layout(
         ("slot_words", SlotLayout::slot_words(max_batch, path_len)),
     ])
 }
+
+/// Every field of the attention kernels' `AttentionParams` (device pointers, strides in
+/// elements, shapes) but the launch geometry, which the launcher fills.
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+pub struct AttentionArg {
+    q: usize,
+    k_new: usize,
+    v_new: usize,
+    k_cache: usize,
+    v_cache: usize,
+    kv_indptr: usize,
+    kv_indices: usize,
+    prefix_lens: usize,
+    ancestor_bits: usize,
+    out: usize,
+    lse: usize,
+    part: usize,
+    status: usize,
+    strides: [i64; 12],
+    num_indices: i64,
+    num_slots: i64,
+    sm_scale_log2: f32,
+    index64: bool,
+    shape: [i32; 8],
+    splits: i32,
+}
+
+/// Tree verify attention on the GPU: the index check, the attention blocks and the merge.
+#[pyfunction]
+pub fn cuda_tree_attention(
+    py: Python<'_>,
+    device: usize,
+    stream: usize,
+    a: AttentionArg,
+    f16: bool,
+) -> PyResult<()> {
+    let [q_s0, q_s1, kn_s0, kn_s1, vn_s0, vn_s1, kc_s0, kc_s1, vc_s0, vc_s1, o_s0, o_s1] =
+        a.strides;
+    let [bs, q_nodes, hq, hkv, dqk, dv, page_shift, words] = a.shape;
+    let p = ddtree_cuda::attention::AttentionParams {
+        q: a.q as u64,
+        k_new: a.k_new as u64,
+        v_new: a.v_new as u64,
+        k_cache: a.k_cache as u64,
+        v_cache: a.v_cache as u64,
+        kv_indptr: a.kv_indptr as u64,
+        kv_indices: a.kv_indices as u64,
+        prefix_lens: a.prefix_lens as u64,
+        ancestor_bits: a.ancestor_bits as u64,
+        out: a.out as u64,
+        lse: a.lse as u64,
+        part: a.part as u64,
+        status: a.status as u64,
+        q_s0,
+        q_s1,
+        kn_s0,
+        kn_s1,
+        vn_s0,
+        vn_s1,
+        kc_s0,
+        kc_s1,
+        vc_s0,
+        vc_s1,
+        o_s0,
+        o_s1,
+        num_indices: a.num_indices,
+        num_slots: a.num_slots,
+        sm_scale_log2: a.sm_scale_log2,
+        index64: i32::from(a.index64),
+        bs,
+        q_nodes,
+        hq,
+        hkv,
+        dqk,
+        dv,
+        page_shift,
+        words,
+        splits: a.splits,
+        ..Default::default()
+    };
+    // SAFETY: the Python layer checked every tensor's shape, dtype, device and strides.
+    py.detach(|| unsafe { ddtree_cuda::attention::tree_attention(device, stream as u64, p, f16) })
+        .map_err(errors::cuda_to_py)
+}
+
+/// Query rows per block and value columns per block of the tile for head dim `dqk`, or
+/// None when no compiled tile holds it.
+#[pyfunction]
+pub fn attention_tile(dqk: usize) -> Option<(usize, usize)> {
+    ddtree_cuda::attention::Variant::for_head_dim(dqk).map(|(_, v)| (v.rows(), v.dvc))
+}

@@ -85,26 +85,27 @@ __device__ __forceinline__ void block_copy(char* dst, const char* src, long long
 
 // One (request, buffer, chunk): reads the chunk of every accepted row into shared memory,
 // then writes them to the window's first slots, so sources are read before any write.
-// `stage` is 16-byte aligned, kMaxPath * kCompactChunk bytes. The range checks ride along:
-// thread i checks path entry i (its node, the slot read, the slot written) while the reads
-// skip any out-of-range source, and the barrier between reads and writes combines them —
-// a request with a bad index writes nothing, at no extra barrier or load chain.
+// `stage` is 16-byte aligned, kMaxPath * kCompactChunk bytes. Thread i reads path entry i
+// and checks it (its node, the slot read, the slot written); one barrier counts the path
+// (no serial walk to its end), the reads skip any out-of-range source, and the barrier
+// between reads and writes combines the checks: a request with a bad index writes nothing.
 __device__ int compact_chunk(char* buffer, long long row_bytes, long long slots,
                              long long chunk_at, const long long* window, Path p, char* stage) {
   const long long left = row_bytes - chunk_at;
   const int bytes = left < kCompactChunk ? static_cast<int>(left) : kCompactChunk;
-  int len = 0;
-  while (len < p.path_len && p.nodes[len] >= 0) ++len;
-  int node_bad = 0, slot_bad = 0;
+  int node_bad = 0, slot_bad = 0, on_path = 0;
   if (threadIdx.x < p.path_len) {
     const int i = threadIdx.x;
+    const long long n = p.nodes[i];
+    on_path = n >= 0;
     node_bad = bad_entry(p, i);
-    if (!node_bad && i < len)
-      slot_bad = !slot_ok(window[p.nodes[i]], slots) || !slot_ok(window[i], slots);
+    if (!node_bad && on_path) slot_bad = !slot_ok(window[n], slots) || !slot_ok(window[i], slots);
   }
+  const int len = __syncthreads_count(on_path);  // the path's length, when it is valid
   for (int i = 0; i < len; ++i) {
-    if (p.nodes[i] >= p.q) continue;  // (the same answer in every thread)
-    const long long src = window[p.nodes[i]];
+    const long long n = p.nodes[i];
+    if (n < 0 || n >= p.q) continue;  // a bad path (the same answer in every thread)
+    const long long src = window[n];
     if (slot_ok(src, slots))
       block_copy(stage + i * kCompactChunk, buffer + src * row_bytes + chunk_at, bytes);
   }

@@ -6,9 +6,12 @@
 // A slot is int64 words: [begin stamp, bs, path_len, 0, accept_len[bs], bonus[bs],
 // accepted_tokens[bs * path_len], status[bs], ..., end stamp (the slot's last word)].
 // Round r (the cursor's value) writes stamp r + 1: the begin stamp first, then the data,
-// then the end stamp, each step behind a system-scope fence. A host reader takes the end
-// stamp, copies the data, then re-reads the begin stamp: equal stamps mean the copy is
-// whole (a seqlock; x86 keeps the host's loads in order).
+// then the end stamp. Thread 0 stores both stamps, each behind a system-scope fence: the
+// first makes the begin stamp visible before thread 0 reaches the barrier the data stores
+// wait on; the second follows the barrier after the data stores, so it orders them (fences
+// are cumulative over what the barrier let thread 0 observe) before the end stamp. A host
+// reader takes the end stamp, copies the data, then re-reads the begin stamp: equal stamps
+// mean the copy is whole (a seqlock; x86 keeps the host's loads in order).
 #pragma once
 #include <cstddef>
 
@@ -63,14 +66,16 @@ __device__ void readback_round(ReadbackRing ring, ReadbackSrc src) {
   const unsigned long long round = *ring.cursor;
   volatile long long* slot = ring.slots + static_cast<long long>(round % ring.nslots) * ring.slot_words;
   const long long stamp = static_cast<long long>(round) + 1;
-  if (threadIdx.x == 0) slot[0] = stamp;
+  if (threadIdx.x == 0) {
+    slot[0] = stamp;
+    __threadfence_system();  // the begin stamp is visible before any data
+  }
   __syncthreads();
-  __threadfence_system();  // every thread: the begin stamp is visible before its data
   const int words = kReadbackHeader + src.bs * (src.path_len + 3);
   for (int i = 1 + threadIdx.x; i < words; i += blockDim.x) slot[i] = readback_word(src, i);
-  __threadfence_system();
   __syncthreads();
   if (threadIdx.x == 0) {
+    __threadfence_system();  // every thread's data is visible before the end stamp
     slot[ring.slot_words - 1] = stamp;
     *ring.cursor = round + 1;
   }

@@ -1,0 +1,37 @@
+// Entry points of the tree verify attention (include/ddtree/attention.cuh): the per-request
+// index check, the attention blocks per (dtype, head-dim tile) and the split merge. Every
+// kernel takes the one AttentionParams struct by value (__grid_constant__).
+#include "ddtree/attention.cuh"
+
+// grid (bs), 256 threads.
+extern "C" __global__ void __launch_bounds__(256)
+    ddtree_attention_check(const __grid_constant__ ddtree::AttentionParams p) {
+  ddtree::attention_check(p, blockIdx.x);
+}
+
+// grid (row_tiles * dv_chunks, splits, bs * Hkv), 32 * W threads, AttnTile::kSmem bytes.
+#define DDTREE_ATTENTION(NAME, T, D, DVC, W)                                             \
+  extern "C" __global__ void __launch_bounds__(32 * W)                                  \
+      NAME(const __grid_constant__ ddtree::AttentionParams p) {                         \
+    extern __shared__ __align__(16) unsigned char smem[];                               \
+    ddtree::attention_block<T, D, DVC, W>(p, smem);                                     \
+  }
+
+DDTREE_ATTENTION(ddtree_attention_bf16_d64, __nv_bfloat16, 64, 64, 4)
+DDTREE_ATTENTION(ddtree_attention_bf16_d128, __nv_bfloat16, 128, 128, 4)
+DDTREE_ATTENTION(ddtree_attention_bf16_d256, __nv_bfloat16, 256, 128, 4)
+DDTREE_ATTENTION(ddtree_attention_bf16_d576, __nv_bfloat16, 576, 256, 2)
+DDTREE_ATTENTION(ddtree_attention_f16_d64, __half, 64, 64, 4)
+DDTREE_ATTENTION(ddtree_attention_f16_d128, __half, 128, 128, 4)
+DDTREE_ATTENTION(ddtree_attention_f16_d256, __half, 256, 128, 4)
+DDTREE_ATTENTION(ddtree_attention_f16_d576, __half, 576, 256, 2)
+
+// grid (M, bs * Hkv), 128 threads: the splits' partials of each query row merged.
+extern "C" __global__ void __launch_bounds__(128)
+    ddtree_attention_merge_bf16(const __grid_constant__ ddtree::AttentionParams p) {
+  ddtree::attention_merge<__nv_bfloat16>(p);
+}
+extern "C" __global__ void __launch_bounds__(128)
+    ddtree_attention_merge_f16(const __grid_constant__ ddtree::AttentionParams p) {
+  ddtree::attention_merge<__half>(p);
+}

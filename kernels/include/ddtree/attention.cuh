@@ -1,0 +1,376 @@
+// Tree verify attention (the verify forward's attention over a paged KV pool). Query row
+// (b, i) attends to all P_b prefix tokens of request b and to the tree nodes j whose bit is
+// set in tree.ancestor_bits[b, i] (read as bits, never expanded to a mask).
+//
+// The work of one request and KV head is a matrix of M = Q * group query rows, (node, head
+// of the group) pairs: every query head of a group shares each KV tile, so the prefix is
+// read once per row tile rather than once per query head. A block takes BM = 16 * kWarps of
+// those rows, one chunk of DVC value columns and one split of the key range [0, P + Q)
+// (flash-decoding: the splits fill the GPU at bs = 1; a second kernel merges their partial
+// results by their log-sum-exp). Each warp owns 16 rows and runs mma.sync m16n8k16 (bf16 or
+// fp16 in, fp32 accumulate) for S = Q K^T and O += P V with an online softmax in base 2;
+// the tiles go through shared memory, rows padded by 16 bytes against bank conflicts.
+#pragma once
+#include <cstddef>
+
+#include "common.cuh"
+
+namespace ddtree {
+
+// Arguments of the three attention kernels, passed by value; the Rust launcher builds its
+// #[repr(C)] twin (crates/ddtree-cuda/src/attention.rs asserts the same size and offsets).
+struct AttentionParams {
+  const void* q;
+  const void* k_new;
+  const void* v_new;
+  const void* k_cache;
+  const void* v_cache;
+  const void* kv_indptr;   // [bs + 1], int32 or int64 (index64)
+  const void* kv_indices;  // page ids (slots when page_size == 1)
+  const long long* prefix_lens;
+  const int* ancestor_bits;  // [bs, Q, words]
+  void* out;
+  float* lse;     // [bs*Q, Hq] or null
+  float* part;    // splits > 1: [splits, bs*Hkv, M, dv + 2] partial (o, m, l)
+  int* status;    // [bs]: 0, or kStatusSlotOutOfRange (nothing written for the request)
+  long long q_s0, q_s1, kn_s0, kn_s1, vn_s0, vn_s1;  // strides in elements (last dim 1)
+  long long kc_s0, kc_s1, vc_s0, vc_s1, o_s0, o_s1;
+  long long num_indices;
+  long long num_slots;
+  float sm_scale_log2;  // sm_scale * log2(e): scores in base 2
+  int index64;
+  int bs, q_nodes, hq, hkv;
+  int dqk, dv, page_shift, words;
+  int splits, row_tiles, dv_chunks, reserved;
+};
+static_assert(sizeof(AttentionParams) == 272, "AttentionParams layout");
+static_assert(offsetof(AttentionParams, q_s0) == 104, "AttentionParams layout");
+static_assert(offsetof(AttentionParams, sm_scale_log2) == 216, "AttentionParams layout");
+static_assert(offsetof(AttentionParams, splits) == 256, "AttentionParams layout");
+
+constexpr int kAttnKeys = 32;  // keys per tile
+constexpr int kAttnPad = 8;    // elements of padding per shared-memory row (16 bytes)
+
+template <typename T>
+struct MmaType;
+template <>
+struct MmaType<__nv_bfloat16> {
+  static __device__ __forceinline__ void mma(float* c, const uint32_t* a, const uint32_t* b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+};
+template <>
+struct MmaType<__half> {
+  static __device__ __forceinline__ void mma(float* c, const uint32_t* a, const uint32_t* b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+};
+
+__device__ __forceinline__ long long attn_index(const AttentionParams& p, long long i) {
+  return p.index64 ? static_cast<const long long*>(p.kv_indices)[i]
+                   : static_cast<const int*>(p.kv_indices)[i];
+}
+__device__ __forceinline__ long long attn_indptr(const AttentionParams& p, int b) {
+  return p.index64 ? static_cast<const long long*>(p.kv_indptr)[b]
+                   : static_cast<const int*>(p.kv_indptr)[b];
+}
+
+// Stage 0, one block per request: every page the prefix uses lies in the request's list and
+// in kv_indices, and every slot it addresses in the pool; else kStatusSlotOutOfRange, and
+// the attention kernels skip the request (its output rows keep their values).
+__device__ void attention_check(const AttentionParams& p, int b) {
+  const long long len = p.prefix_lens[b];
+  const int ps = 1 << p.page_shift;
+  const long long start = attn_indptr(p, b), end = attn_indptr(p, b + 1);
+  const long long pages = len > 0 ? ((len - 1) >> p.page_shift) + 1 : 0;
+  int bad = len < 0 || start < 0 || start + pages > end || start + pages > p.num_indices;
+  if (!bad) {
+    for (long long i = threadIdx.x; i < pages; i += blockDim.x) {
+      const long long used = i + 1 < pages ? ps : len - (i << p.page_shift);
+      const long long first = attn_index(p, start + i) << p.page_shift;
+      bad |= first < 0 || first + used > p.num_slots;
+    }
+  }
+  bad = __syncthreads_or(bad);
+  if (threadIdx.x == 0) p.status[b] = bad ? kStatusSlotOutOfRange : kStatusOk;
+}
+
+// The pool slot of prefix token t of request b (checked by attention_check).
+__device__ __forceinline__ long long prefix_slot(const AttentionParams& p, long long start,
+                                                 long long t) {
+  const long long page = attn_index(p, start + (t >> p.page_shift));
+  return (page << p.page_shift) | (t & ((1ll << p.page_shift) - 1));
+}
+
+template <typename T, int D, int DVC, int kWarps>
+struct AttnTile {
+  static constexpr int BM = 16 * kWarps;
+  static constexpr int QS = D + kAttnPad;    // shared row stride of Q and K, elements
+  static constexpr int VS = DVC + kAttnPad;  // of V
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr size_t kSmem =
+      sizeof(T) * (static_cast<size_t>(BM) * QS + kAttnKeys * QS + kAttnKeys * VS) +
+      sizeof(long long) * kAttnKeys;
+};
+
+// Copies `n` elements (a multiple of 8) from src to a shared row of `width`, zero-filling
+// the rest, in 16-byte words; `lane`/`lanes` spread the words over threads.
+template <typename T>
+__device__ __forceinline__ void load_row(T* dst, const T* src, int n, int width, int lane,
+                                         int lanes) {
+  for (int c = lane * 8; c < width; c += lanes * 8) {
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (src != nullptr && c < n) v = *reinterpret_cast<const uint4*>(src + c);
+    *reinterpret_cast<uint4*>(dst + c) = v;
+  }
+}
+
+// One block: rows [row0, row0 + BM) of (request b, KV head g), value columns
+// [col0, col0 + DVC), keys [k_begin, k_end) of the request's P + Q.
+template <typename T, int D, int DVC, int kWarps>
+__device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
+  using Tile = AttnTile<T, D, DVC, kWarps>;
+  using Mma = MmaType<T>;
+  constexpr int BM = Tile::BM, QS = Tile::QS, VS = Tile::VS, NT = kAttnKeys / 8;
+  constexpr int VT = DVC / 8;  // value column tiles of a warp
+  T* qs = reinterpret_cast<T*>(smem);
+  T* ks = qs + BM * QS;
+  T* vs = ks + kAttnKeys * QS;
+  long long* slots = reinterpret_cast<long long*>(vs + kAttnKeys * VS);
+
+  const int z = blockIdx.z, b = z / p.hkv, g = z % p.hkv;
+  if (p.status[b] != kStatusOk) return;
+  const int group = p.hq / p.hkv, m_rows = p.q_nodes * group;
+  const int rt = blockIdx.x / p.dv_chunks, col0 = (blockIdx.x % p.dv_chunks) * DVC;
+  const int row0 = rt * BM;
+  const long long prefix = p.prefix_lens[b], total = prefix + p.q_nodes;
+  const long long per = (total + p.splits - 1) / p.splits;
+  const long long k_begin = blockIdx.y * per, k_end = min(total, k_begin + per);
+  const long long start = attn_indptr(p, b);
+  const T* q = static_cast<const T*>(p.q);
+  const T* k_new = static_cast<const T*>(p.k_new);
+  const T* v_new = static_cast<const T*>(p.v_new);
+  const T* k_cache = static_cast<const T*>(p.k_cache);
+  const T* v_cache = static_cast<const T*>(p.v_cache);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int gr = lane >> 2, gc = lane & 3;  // fragment row group and column pair
+
+  // The block's query rows: (node, head) pairs, zero rows past M.
+  for (int r = warp; r < BM; r += kWarps) {
+    const int row = row0 + r;
+    const T* src = nullptr;
+    if (row < m_rows) {
+      const int node = row / group, h = g * group + row % group;
+      src = q + (static_cast<long long>(b) * p.q_nodes + node) * p.q_s0 + h * p.q_s1;
+    }
+    load_row(qs + r * QS, src, p.dqk, D, lane, 32);
+  }
+  // This thread's two rows of the warp's 16 and their tree nodes (for the ancestor bits).
+  const int wr0 = warp * 16 + gr;
+  const int rows_of[2] = {row0 + wr0, row0 + wr0 + 8};
+  const int* bits_of[2];
+  for (int h = 0; h < 2; ++h) {
+    const int node = min(rows_of[h], m_rows - 1) / group;
+    bits_of[h] = p.ancestor_bits + (static_cast<long long>(b) * p.q_nodes + node) * p.words;
+  }
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float acc[VT][4];
+#pragma unroll
+  for (int t = 0; t < VT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
+
+  for (long long kt = k_begin; kt < k_end; kt += kAttnKeys) {
+    __syncthreads();  // the previous tile is consumed
+    if (threadIdx.x < kAttnKeys) {
+      const long long t = kt + threadIdx.x;
+      slots[threadIdx.x] = t < k_end && t < prefix ? prefix_slot(p, start, t) : -1;
+    }
+    __syncthreads();
+    for (int key = warp; key < kAttnKeys; key += kWarps) {
+      const long long t = kt + key;
+      const T *ksrc = nullptr, *vsrc = nullptr;
+      if (t < k_end && t < prefix) {
+        ksrc = k_cache + slots[key] * p.kc_s0 + g * p.kc_s1;
+        vsrc = v_cache + slots[key] * p.vc_s0 + g * p.vc_s1 + col0;
+      } else if (t < k_end) {
+        const long long row = static_cast<long long>(b) * p.q_nodes + (t - prefix);
+        ksrc = k_new + row * p.kn_s0 + g * p.kn_s1;
+        vsrc = v_new + row * p.vn_s0 + g * p.vn_s1 + col0;
+      }
+      load_row(ks + key * QS, ksrc, p.dqk, D, lane, 32);
+      load_row(vs + key * VS, vsrc, min(DVC, p.dv - col0), DVC, lane, 32);
+    }
+    __syncthreads();
+
+    // S = Q K^T for the warp's 16 rows and the tile's 32 keys.
+    float s[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+    const T* qa = qs + (warp * 16 + gr) * QS + gc * 2;
+#pragma unroll 4
+    for (int kk = 0; kk < D; kk += 16) {
+      uint32_t a[4];
+      a[0] = *reinterpret_cast<const uint32_t*>(qa + kk);
+      a[1] = *reinterpret_cast<const uint32_t*>(qa + 8 * QS + kk);
+      a[2] = *reinterpret_cast<const uint32_t*>(qa + kk + 8);
+      a[3] = *reinterpret_cast<const uint32_t*>(qa + 8 * QS + kk + 8);
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        const T* kb = ks + (n * 8 + gr) * QS + gc * 2 + kk;
+        uint32_t bfrag[2] = {*reinterpret_cast<const uint32_t*>(kb),
+                             *reinterpret_cast<const uint32_t*>(kb + 8)};
+        Mma::mma(s[n], a, bfrag);
+      }
+    }
+    // Scale to base 2, mask (past the split, or a tree node that is no ancestor), and the
+    // online softmax update of this thread's two rows.
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e >> 1;
+        const long long t = kt + n * 8 + gc * 2 + (e & 1);
+        bool ok = t < k_end;
+        if (ok && t >= prefix) {
+          const int j = static_cast<int>(t - prefix);
+          ok = (bits_of[h][j >> 5] >> (j & 31)) & 1;
+        }
+        s[n][e] = ok ? s[n][e] * p.sm_scale_log2 : -INFINITY;
+        tile_max[h] = fmaxf(tile_max[h], s[n][e]);
+      }
+    }
+    float scale[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
+      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
+      const float m_new = fmaxf(m[h], tile_max[h]);
+      scale[h] = m_new == -INFINITY ? 1.0f : exp2f(m[h] - m_new);
+      m[h] = m_new;
+      l[h] *= scale[h];
+    }
+    uint32_t pa[NT][2];  // P as bf16/fp16 pairs: [n][row half]
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      float e[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int h = i >> 1;
+        e[i] = m[h] == -INFINITY ? 0.0f : exp2f(s[n][i] - m[h]);
+        l[h] += e[i];
+      }
+      pa[n][0] = Mma::pack(e[0], e[1]);
+      pa[n][1] = Mma::pack(e[2], e[3]);
+    }
+#pragma unroll
+    for (int t = 0; t < VT; ++t) {
+      acc[t][0] *= scale[0];
+      acc[t][1] *= scale[0];
+      acc[t][2] *= scale[1];
+      acc[t][3] *= scale[1];
+    }
+    // O += P V: keys are the k dimension, 16 per step.
+#pragma unroll
+    for (int kk = 0; kk < kAttnKeys / 16; ++kk) {
+      const uint32_t a[4] = {pa[2 * kk][0], pa[2 * kk][1], pa[2 * kk + 1][0], pa[2 * kk + 1][1]};
+      const T* vb = vs + (kk * 16 + gc * 2) * VS + gr;
+#pragma unroll
+      for (int t = 0; t < VT; ++t) {
+        const T* v0 = vb + t * 8;
+        uint32_t bfrag[2];
+        bfrag[0] = Mma::pack(to_f32(v0[0]), to_f32(v0[VS]));
+        bfrag[1] = Mma::pack(to_f32(v0[8 * VS]), to_f32(v0[9 * VS]));
+        Mma::mma(acc[t], a, bfrag);
+      }
+    }
+  }
+
+  // The row sums over the 4 lanes that share a row, then the results.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+  }
+  for (int h = 0; h < 2; ++h) {
+    const int row = rows_of[h];
+    if (row >= m_rows) continue;
+    const int node = row / group, head = g * group + row % group;
+    const long long qrow = static_cast<long long>(b) * p.q_nodes + node;
+    if (p.splits == 1) {
+      T* o = static_cast<T*>(p.out) + qrow * p.o_s0 + head * p.o_s1 + col0;
+      const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
+      for (int t = 0; t < VT; ++t) {
+        const int c = t * 8 + gc * 2;
+        if (col0 + c >= p.dv) break;
+        o[c] = from_f32<T>(acc[t][2 * h] * inv);
+        o[c + 1] = from_f32<T>(acc[t][2 * h + 1] * inv);
+      }
+      if (p.lse != nullptr && col0 == 0 && gc == 0)
+        p.lse[qrow * p.hq + head] = (m[h] + log2f(l[h])) * 0.69314718055994531f;
+    } else {
+      const long long at =
+          ((static_cast<long long>(blockIdx.y) * p.bs * p.hkv + z) * m_rows + row) * (p.dv + 2);
+      float* part = p.part + at;
+      for (int t = 0; t < VT; ++t) {
+        const int c = t * 8 + gc * 2;
+        if (col0 + c >= p.dv) break;
+        part[col0 + c] = acc[t][2 * h];
+        part[col0 + c + 1] = acc[t][2 * h + 1];
+      }
+      if (col0 == 0 && gc == 0) {
+        part[p.dv] = m[h];
+        part[p.dv + 1] = l[h];
+      }
+    }
+  }
+}
+
+// The splits' partial results of one query row (blockIdx.x: a row of M, blockIdx.y: b*Hkv+g)
+// merged by their log-sum-exp into out (and lse).
+template <typename T>
+__device__ void attention_merge(const AttentionParams& p) {
+  const int z = blockIdx.y, b = z / p.hkv, g = z % p.hkv;
+  if (p.status[b] != kStatusOk) return;
+  const int group = p.hq / p.hkv, m_rows = p.q_nodes * group, row = blockIdx.x;
+  const long long stride = static_cast<long long>(p.bs) * p.hkv * m_rows * (p.dv + 2);
+  const float* part = p.part + (static_cast<long long>(z) * m_rows + row) * (p.dv + 2);
+  float m = -INFINITY;
+  for (int s = 0; s < p.splits; ++s) m = fmaxf(m, part[s * stride + p.dv]);
+  float l = 0.0f;
+  for (int s = 0; s < p.splits; ++s) {
+    const float ms = part[s * stride + p.dv];
+    if (ms != -INFINITY) l += exp2f(ms - m) * part[s * stride + p.dv + 1];
+  }
+  const int node = row / group, head = g * group + row % group;
+  const long long qrow = static_cast<long long>(b) * p.q_nodes + node;
+  T* o = static_cast<T*>(p.out) + qrow * p.o_s0 + head * p.o_s1;
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  for (int c = threadIdx.x; c < p.dv; c += blockDim.x) {
+    float v = 0.0f;
+    for (int s = 0; s < p.splits; ++s) {
+      const float ms = part[s * stride + p.dv];
+      if (ms != -INFINITY) v += exp2f(ms - m) * part[s * stride + c];
+    }
+    o[c] = from_f32<T>(v * inv);
+  }
+  if (p.lse != nullptr && threadIdx.x == 0)
+    p.lse[qrow * p.hq + head] = (m + log2f(l)) * 0.69314718055994531f;
+}
+
+}  // namespace ddtree

@@ -1,0 +1,82 @@
+"""ddtree.tree_attention on the CPU: the readable fp32 path against the dense float64
+reference, across GQA and MLA shapes, page sizes, ragged and empty prefixes, strided views;
+and bad input refused naming the argument."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ddtree
+from attention_cases import dense_reference, make_case
+
+CASES = [
+    {},
+    {"hq": 9, "hkv": 3, "prefix": (7, 130), "page_size": 16},
+    {"hq": 4, "hkv": 4, "prefix": (0, 1), "index_dtype": torch.int64},
+    {"mla": True, "hq": 8, "dqk": 576, "prefix": (33, 5), "page_size": 1},
+    {"mla": True, "hq": 16, "dqk": 576, "prefix": (64, 17), "page_size": 4, "budget": 31},
+    {"hq": 8, "hkv": 2, "dqk": 128, "prefix": (300, 9000), "strided_q": True, "bs": 2},
+]
+
+
+def rel_l2(got, want):
+    return float((got.double() - want).norm() / want.norm())
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_cpu_path_equals_the_dense_reference(case, dtype):
+    c = make_case(dtype=dtype, **case)
+    out, lse = ddtree.tree_attention(**c, return_lse=True)
+    want, want_lse = dense_reference(c)
+    tol = 1e-6 if dtype == torch.float32 else 5e-3
+    assert rel_l2(out, want) < tol
+    assert float((lse.double() - want_lse).abs().max()) < 1e-4
+
+
+def test_out_is_written_in_place_and_inputs_are_untouched():
+    c = make_case()
+    before = {k: v.clone() for k, v in c.items() if isinstance(v, torch.Tensor)}
+    out = torch.zeros(c["q"].shape[0], c["q"].shape[1], c["v_new"].shape[2], dtype=torch.bfloat16)
+    got = ddtree.tree_attention(**c, out=out)
+    assert got is out and out.abs().sum() > 0
+    for k, v in before.items():
+        assert torch.equal(c[k], v), k
+
+
+def test_a_bad_page_sets_a_status_or_raises():
+    c = make_case(prefix=(5, 9))
+    c["kv_indices"][1] = 10**6
+    with pytest.raises(ValueError, match="kv_indices"):
+        ddtree.tree_attention(**c)
+    status = torch.full((2,), -1, dtype=torch.int32)
+    out = torch.full((c["q"].shape[0], c["q"].shape[1], c["v_new"].shape[2]), 7.0).bfloat16()
+    ddtree.tree_attention(**c, out=out, status=status)
+    assert status.tolist() == [ddtree.STATUS_SLOT_OUT_OF_RANGE, 0]
+    q_nodes = c["tree"].width
+    assert (out[:q_nodes] == 7.0).all() and not (out[q_nodes:] == 7.0).all()
+
+
+@pytest.mark.parametrize(
+    "change, name",
+    [
+        (lambda c: c.update(k_new=c["k_new"][:, :1].expand(-1, 3, -1)), "k_new"),
+        (lambda c: c.update(q=c["q"][:-1]), "q"),
+        (lambda c: c.update(v_cache=c["v_cache"].half()), "v_cache"),
+        (lambda c: c.update(kv_indices=c["kv_indices"].long()), "kv_indices"),
+        (lambda c: c.update(kv_indptr=c["kv_indptr"][:-1]), "kv_indptr"),
+        (lambda c: c.update(page_size=3), "page_size"),
+        (lambda c: c.update(prefix_lens=c["prefix_lens"].int()), "prefix_lens"),
+        (lambda c: c.update(tree="tree"), "tree"),
+        (lambda c: c.update(sm_scale=float("nan")), "sm_scale"),
+        (lambda c: c.update(q=c["q"].transpose(0, 2).contiguous().transpose(0, 2)), "q"),
+        (lambda c: c.update(q=c["q"].to("meta")), "q"),
+        (lambda c: c.update(k_new=c["k_new"].to("meta")), "k_new"),
+    ],
+)
+def test_bad_input_is_refused_naming_the_argument(change, name):
+    c = make_case()
+    change(c)
+    with pytest.raises((ValueError, TypeError), match=name):
+        ddtree.tree_attention(**c)

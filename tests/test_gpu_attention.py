@@ -1,0 +1,153 @@
+"""The CUDA tree verify attention against the dense float64 reference (random cases across
+MLA and GQA shapes, page sizes, ragged and long prefixes, shuffled pages, strided views,
+real trees with pads), in a captured graph, without allocation, and with a bad page.
+
+Marked `gpu`: skipped without CUDA.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import ddtree
+from attention_cases import dense_reference, make_case
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+DEV = "cuda"
+
+
+def random_case(rng: np.random.Generator, seed: int) -> dict:
+    """One random case of either family."""
+    mla = bool(rng.random() < 0.4)
+    if mla:
+        shape = {"mla": True, "hq": int(rng.choice([8, 16, 32, 64, 128])), "dqk": 576}
+    else:
+        hkv = int(rng.choice([1, 2, 3, 4, 8]))
+        ratio = int(rng.choice([1, 2, 3, 4, 8]))
+        shape = {"hq": hkv * ratio, "hkv": hkv, "dqk": int(rng.choice([64, 128, 256]))}
+    bs = int(rng.integers(1, 4))
+    choices = [0, 1, 2, 7, 31, 64, 100, 257, 1000, 3001]
+    prefix = tuple(int(rng.choice(choices)) for _ in range(bs))
+    return make_case(
+        bs=bs,
+        budget=int(rng.choice([7, 15, 31, 63])),
+        prefix=prefix,
+        page_size=int(rng.choice([1, 16])),
+        dtype=torch.bfloat16 if rng.random() < 0.6 else torch.float16,
+        device=DEV,
+        strided_q=bool(rng.random() < 0.3),
+        index_dtype=torch.int32 if rng.random() < 0.5 else torch.int64,
+        seed=seed,
+        **shape,
+    )
+
+
+def check(c, what):
+    out, lse = ddtree.tree_attention(**c, return_lse=True)
+    want, want_lse = dense_reference(c)
+    err = float((out.cpu().double() - want).norm() / want.norm())
+    lse_err = float((lse.cpu().double() - want_lse).abs().max())
+    assert err <= 5e-3 and lse_err <= 1e-2, (what, err, lse_err)
+    return err
+
+
+@pytest.mark.parametrize("chunk", range(6))
+def test_random_cases_equal_the_dense_reference(chunk):
+    """6 x 55 = 330 random cases."""
+    rng = np.random.default_rng(1000 + chunk)
+    worst = 0.0
+    for i in range(55):
+        seed = chunk * 100 + i
+        worst = max(worst, check(random_case(rng, seed), seed))
+    print(f"\nchunk {chunk}: worst relative L2 {worst:.2e}")
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        {"mla": True, "hq": 8, "dqk": 576, "prefix": (65536,), "bs": 1, "budget": 63},
+        {"hq": 32, "hkv": 8, "dqk": 128, "prefix": (70001, 3), "bs": 2, "budget": 31},
+        {"hq": 9, "hkv": 3, "dqk": 64, "prefix": (65537,), "bs": 1, "page_size": 16},
+    ],
+    ids=["mla-64k", "gqa-70k-ragged", "smollm-64k-paged"],
+)
+def test_long_prefixes(case):
+    check(make_case(device=DEV, **case), case)
+
+
+def test_gpu_equals_the_cpu_path():
+    c = make_case(device=DEV, hq=8, hkv=2, dqk=128, prefix=(513, 77), page_size=16)
+    cpu = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in c.items()}
+    cpu["tree"] = ddtree.Tree(
+        **{n: getattr(c["tree"], n).cpu() for n in c["tree"].__dataclass_fields__}
+    )
+    got = ddtree.tree_attention(**c).cpu().double()
+    want = ddtree.tree_attention(**cpu).double()
+    assert float((got - want).norm() / want.norm()) <= 5e-3
+
+
+def test_captured_replays_equal_eager_calls_and_allocate_nothing():
+    c = make_case(device=DEV, hq=16, hkv=1, dqk=576, mla=True, prefix=(3000,), bs=1)
+    rows, hq, dv = c["q"].shape[0], c["q"].shape[1], c["v_new"].shape[2]
+    ws = ddtree.AttentionWorkspace(
+        DEV, max_batch=1, q_nodes=c["tree"].width, hq=hq, hkv=1, dqk=576, dv=dv
+    )
+    assert ws.splits(1) > 1  # the merge kernel runs too
+    out = torch.empty(rows, hq, dv, dtype=c["q"].dtype, device=DEV)
+    lse = torch.empty(rows, hq, device=DEV)
+    kw = dict(c, out=out, return_lse=True, lse_out=lse, workspace=ws)
+    ddtree.tree_attention(**kw)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ddtree.tree_attention(**kw)
+    inputs = []
+    for seed in range(3):
+        g = torch.Generator(device=DEV).manual_seed(seed)
+        inputs.append(
+            (
+                torch.randn(c["q"].shape, device=DEV, generator=g).to(c["q"].dtype),
+                torch.randn(c["k_cache"].shape, device=DEV, generator=g).to(c["q"].dtype),
+            )
+        )
+    results = [(torch.empty_like(out), torch.empty_like(lse)) for _ in inputs]
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_stats()["allocation.all.allocated"]
+    for (q, k), (o, s) in zip(inputs, results, strict=True):
+        c["q"].copy_(q)
+        c["k_cache"].copy_(k)
+        graph.replay()
+        o.copy_(out)
+        s.copy_(lse)
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_stats()["allocation.all.allocated"] == before
+    for (q, k), (o, s) in zip(inputs, results, strict=True):
+        c["q"].copy_(q)
+        c["k_cache"].copy_(k)
+        eager, eager_lse = ddtree.tree_attention(**c, return_lse=True, workspace=ws)
+        assert torch.equal(o, eager) and torch.equal(s, eager_lse)
+
+
+def test_a_bad_page_fails_one_request_and_the_context_lives():
+    c = make_case(device=DEV, bs=3, prefix=(40, 9, 17), page_size=16, hq=4, hkv=2)
+    c["kv_indices"][int(c["kv_indptr"][1])] = 10**6  # request 1's first page
+    status = torch.full((3,), -1, dtype=torch.int32, device=DEV)
+    out = torch.full((c["q"].shape[0], 4, c["v_new"].shape[2]), 7.0, device=DEV).bfloat16()
+    ddtree.tree_attention(**c, out=out, status=status)
+    torch.cuda.synchronize()
+    assert status.tolist() == [0, ddtree.STATUS_SLOT_OUT_OF_RANGE, 0]
+    q_nodes = c["tree"].width
+    assert (out[q_nodes : 2 * q_nodes] == 7.0).all()
+    good = make_case(device=DEV, bs=3, prefix=(40, 9, 17), page_size=16, hq=4, hkv=2)
+    want, _ = dense_reference(good)
+    for r in (0, 2):
+        rows = slice(r * q_nodes, (r + 1) * q_nodes)
+        err = (out[rows].cpu().double() - want[rows]).norm() / want[rows].norm()
+        assert float(err) <= 5e-3
+    assert float(torch.ones(3, device=DEV).sum()) == 3.0
