@@ -50,6 +50,7 @@ def main() -> None:
     stepper.accept(torch.randn(3, 64, 1000, device=dev, generator=g), temperature=1.0)
     assert stepper.readback(wait=True)["bonus"].shape == (3,)
     out_of_range(dev)
+    attention(dev)
     torch.cuda.synchronize()
     print("gpu_small: ok")
 
@@ -74,6 +75,26 @@ def out_of_range(dev) -> None:
     acc = ddtree.accept_tree(ddtree.Tree(**fields), target, temperature=1.0)
     assert bad.status.tolist()[1:3] == [ddtree.STATUS_NODE_OUT_OF_RANGE, 6]
     assert acc.status.tolist()[3] == ddtree.STATUS_BAD_TREE_LINK
+
+
+def attention(dev) -> None:
+    """The tree attention kernels (check, blocks with cp.async stages, merge) on MLA and GQA
+    shapes with ragged paged prefixes and one bad page."""
+    from attention_cases import make_case
+
+    for case in (
+        {"mla": True, "hq": 8, "dqk": 576, "prefix": (300, 0), "page_size": 1},
+        {"hq": 9, "hkv": 3, "dqk": 64, "prefix": (33, 170), "page_size": 16},
+        {"hq": 8, "hkv": 2, "dqk": 128, "prefix": (1000, 5)},
+        {"hq": 4, "hkv": 4, "dqk": 256, "prefix": (64, 65), "dtype": torch.float16},
+    ):
+        c = make_case(device=dev, **case)
+        ddtree.tree_attention(**c, return_lse=True)
+    c = make_case(device=dev, hq=4, hkv=2, prefix=(40, 9), page_size=16)
+    c["kv_indices"][0] = 10**6
+    status = torch.zeros(2, dtype=torch.int32, device=dev)
+    ddtree.tree_attention(**c, status=status)
+    assert status.tolist() == [ddtree.STATUS_SLOT_OUT_OF_RANGE, 0]
 
 
 if __name__ == "__main__":

@@ -42,7 +42,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def chain_tree(bs: int, n: int, device) -> Tree:
-    """A real tree of N nodes plus the root (B = N): a DFlash-like draft, built by ddtree."""
+    """A real tree of Q = N tokens (the root and B = N - 1 nodes), built by ddtree from a
+    DFlash-like draft."""
     g = torch.Generator(device=device).manual_seed(n)
     x = torch.randn(bs, 8, 1000, device=device, generator=g) * 3
     z = torch.zeros(bs, dtype=torch.int64, device=device)

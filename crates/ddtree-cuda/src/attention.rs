@@ -56,40 +56,29 @@ pub struct AttentionParams {
 }
 
 /// One compiled tile shape (`DDTREE_ATTENTION` in attention.cu): query/key head dims up to
-/// `d`, `dvc` value columns per block, `warps` warps of 16 query rows.
+/// `d`, `dvc` value columns per block, `warps` warps of 16 query rows, `kt` keys per tile.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Variant {
     pub d: usize,
     pub dvc: usize,
     pub warps: usize,
+    pub kt: usize,
+}
+
+const fn variant(d: usize, dvc: usize, warps: usize, kt: usize) -> Variant {
+    Variant { d, dvc, warps, kt }
 }
 
 /// The compiled variants, smallest head dim first (the order of the device's functions).
 pub const VARIANTS: [Variant; 4] = [
-    Variant {
-        d: 64,
-        dvc: 64,
-        warps: 4,
-    },
-    Variant {
-        d: 128,
-        dvc: 128,
-        warps: 4,
-    },
-    Variant {
-        d: 256,
-        dvc: 128,
-        warps: 4,
-    },
-    Variant {
-        d: 576,
-        dvc: 256,
-        warps: 2,
-    },
+    variant(64, 64, 4, 64),
+    variant(128, 128, 4, 64),
+    variant(256, 128, 4, 32),
+    variant(576, 256, 2, 16),
 ];
-/// Keys per tile and shared-row padding, elements (`kAttnKeys`, `kAttnPad`).
-const KEYS: usize = 32;
+/// Shared-row padding, elements (`kAttnPad`), and K/V stages in flight (`kStages`).
 const PAD: usize = 8;
+const STAGES: usize = 2;
 
 impl Variant {
     /// Query rows per block.
@@ -100,7 +89,7 @@ impl Variant {
     pub fn smem_bytes(&self, elem: usize) -> usize {
         let qs = self.d + PAD;
         let vs = self.dvc + PAD;
-        elem * (self.rows() * qs + KEYS * qs + KEYS * vs) + 8 * KEYS
+        elem * (self.rows() * qs + STAGES * self.kt * (qs + vs))
     }
     /// The variant for query/key head dim `dqk`: the smallest that holds it.
     pub fn for_head_dim(dqk: usize) -> Option<(usize, Variant)> {
@@ -203,11 +192,14 @@ mod tests {
         assert_eq!(std::mem::offset_of!(AttentionParams, sm_scale_log2), 216);
         assert_eq!(std::mem::offset_of!(AttentionParams, splits), 256);
         let header = include_str!("../../../kernels/include/ddtree/attention.cuh");
-        assert!(header.contains(&format!("kAttnKeys = {KEYS};")));
         assert!(header.contains(&format!("kAttnPad = {PAD};")));
+        assert!(header.contains(&format!("kStages = {STAGES};")));
         let entry = include_str!("../../../kernels/attention.cu");
         for v in VARIANTS {
-            let line = format!("d{}, __nv_bfloat16, {}, {}, {})", v.d, v.d, v.dvc, v.warps);
+            let line = format!(
+                "d{}, __nv_bfloat16, {}, {}, {}, {})",
+                v.d, v.d, v.dvc, v.warps, v.kt
+            );
             assert!(entry.contains(&line), "attention.cu lacks {line}");
         }
     }

@@ -8,8 +8,10 @@
 // those rows, one chunk of DVC value columns and one split of the key range [0, P + Q)
 // (flash-decoding: the splits fill the GPU at bs = 1; a second kernel merges their partial
 // results by their log-sum-exp). Each warp owns 16 rows and runs mma.sync m16n8k16 (bf16 or
-// fp16 in, fp32 accumulate) for S = Q K^T and O += P V with an online softmax in base 2;
-// the tiles go through shared memory, rows padded by 16 bytes against bank conflicts.
+// fp16 in, fp32 accumulate) for S = Q K^T and O += P V with an online softmax in base 2.
+// K/V tiles of KT keys are gathered from the pool by cp.async into two stages (the next
+// tile loads while this one computes); fragments come from shared memory by ldmatrix
+// (transposed for V); shared rows are padded by 16 bytes against bank conflicts.
 #pragma once
 #include <cstddef>
 
@@ -48,8 +50,7 @@ static_assert(offsetof(AttentionParams, q_s0) == 104, "AttentionParams layout");
 static_assert(offsetof(AttentionParams, sm_scale_log2) == 216, "AttentionParams layout");
 static_assert(offsetof(AttentionParams, splits) == 256, "AttentionParams layout");
 
-constexpr int kAttnKeys = 32;  // keys per tile
-constexpr int kAttnPad = 8;    // elements of padding per shared-memory row (16 bytes)
+constexpr int kAttnPad = 8;  // elements of padding per shared-memory row (16 bytes)
 
 template <typename T>
 struct MmaType;
@@ -118,16 +119,42 @@ __device__ __forceinline__ long long prefix_slot(const AttentionParams& p, long 
   return (page << p.page_shift) | (t & ((1ll << p.page_shift) - 1));
 }
 
-template <typename T, int D, int DVC, int kWarps>
+template <typename T, int D, int DVC, int kWarps, int KT>
 struct AttnTile {
   static constexpr int BM = 16 * kWarps;
   static constexpr int QS = D + kAttnPad;    // shared row stride of Q and K, elements
   static constexpr int VS = DVC + kAttnPad;  // of V
   static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kStages = 2;  // K/V tiles in flight: the next loads while this computes
   static constexpr size_t kSmem =
-      sizeof(T) * (static_cast<size_t>(BM) * QS + kAttnKeys * QS + kAttnKeys * VS) +
-      sizeof(long long) * kAttnKeys;
+      sizeof(T) * (static_cast<size_t>(BM) * QS + kStages * KT * (QS + VS));
 };
+
+// 16 bytes global -> shared without a register round trip; zero-filled when !valid.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// Four 8x8 b16 matrices from shared memory (lane l addresses a row of matrix l / 8).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t* r, const void* p) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, const void* p) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
 
 // Copies `n` elements (a multiple of 8) from src to a shared row of `width`, zero-filling
 // the rest, in 16-byte words; `lane`/`lanes` spread the words over threads.
@@ -142,17 +169,18 @@ __device__ __forceinline__ void load_row(T* dst, const T* src, int n, int width,
 }
 
 // One block: rows [row0, row0 + BM) of (request b, KV head g), value columns
-// [col0, col0 + DVC), keys [k_begin, k_end) of the request's P + Q.
-template <typename T, int D, int DVC, int kWarps>
+// [col0, col0 + DVC), keys [k_begin, k_end) of the request's P + Q, in tiles of KT keys
+// double-buffered through cp.async (tile t + 1 loads while tile t computes).
+template <typename T, int D, int DVC, int kWarps, int KT>
 __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
-  using Tile = AttnTile<T, D, DVC, kWarps>;
+  using Tile = AttnTile<T, D, DVC, kWarps, KT>;
   using Mma = MmaType<T>;
-  constexpr int BM = Tile::BM, QS = Tile::QS, VS = Tile::VS, NT = kAttnKeys / 8;
+  constexpr int BM = Tile::BM, QS = Tile::QS, VS = Tile::VS, NT = KT / 8;
   constexpr int VT = DVC / 8;  // value column tiles of a warp
+  constexpr int KC = D / 8, VC = DVC / 8;  // 16-byte chunks of a K row and of a V row
   T* qs = reinterpret_cast<T*>(smem);
-  T* ks = qs + BM * QS;
-  T* vs = ks + kAttnKeys * QS;
-  long long* slots = reinterpret_cast<long long*>(vs + kAttnKeys * VS);
+  T* kbuf = qs + BM * QS;               // [kStages][KT][QS]
+  T* vbuf = kbuf + Tile::kStages * KT * QS;  // [kStages][KT][VS]
 
   const int z = blockIdx.z, b = z / p.hkv, g = z % p.hkv;
   if (p.status[b] != kStatusOk) return;
@@ -163,6 +191,7 @@ __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
   const long long per = (total + p.splits - 1) / p.splits;
   const long long k_begin = blockIdx.y * per, k_end = min(total, k_begin + per);
   const long long start = attn_indptr(p, b);
+  const int dv_here = min(DVC, p.dv - col0);
   const T* q = static_cast<const T*>(p.q);
   const T* k_new = static_cast<const T*>(p.k_new);
   const T* v_new = static_cast<const T*>(p.v_new);
@@ -171,6 +200,33 @@ __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gr = lane >> 2, gc = lane & 3;  // fragment row group and column pair
 
+  // Issues the loads of the tile at key kt into stage `st`: thread i takes 16-byte chunks
+  // i, i + threads, ... of the tile's K rows, then of its V rows.
+  auto issue = [&](long long kt, int st) {
+    T* ks = kbuf + st * KT * QS;
+    T* vs = vbuf + st * KT * VS;
+    for (int i = threadIdx.x; i < KT * (KC + VC); i += Tile::kThreads) {
+      const bool is_k = i < KT * KC;
+      const int j = is_k ? i : i - KT * KC;
+      const int key = is_k ? j / KC : j / VC, c = (is_k ? j % KC : j % VC) * 8;
+      const long long t = kt + key;
+      const T* src = is_k ? k_new : v_new;
+      bool valid = t < k_end && (is_k ? c < p.dqk : c < dv_here);
+      if (valid && t < prefix) {
+        const long long slot = prefix_slot(p, start, t);
+        src = is_k ? k_cache + slot * p.kc_s0 + g * p.kc_s1 + c
+                   : v_cache + slot * p.vc_s0 + g * p.vc_s1 + col0 + c;
+      } else if (valid) {
+        const long long row = static_cast<long long>(b) * p.q_nodes + (t - prefix);
+        src = is_k ? k_new + row * p.kn_s0 + g * p.kn_s1 + c
+                   : v_new + row * p.vn_s0 + g * p.vn_s1 + col0 + c;
+      }
+      cp_async16(is_k ? ks + key * QS + c : vs + key * VS + c, src, valid);
+    }
+    cp_async_commit();
+  };
+
+  if (k_begin < k_end) issue(k_begin, 0);
   // The block's query rows: (node, head) pairs, zero rows past M.
   for (int r = warp; r < BM; r += kWarps) {
     const int row = row0 + r;
@@ -189,70 +245,72 @@ __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
     const int node = min(rows_of[h], m_rows - 1) / group;
     bits_of[h] = p.ancestor_bits + (static_cast<long long>(b) * p.q_nodes + node) * p.words;
   }
+  // ldmatrix row addresses: lane l serves row l % 8 of matrix l / 8.
+  const int mi = lane >> 3, mr = lane & 7;
+  const T* qa = qs + (warp * 16 + mr + (mi & 1) * 8) * QS + (mi >> 1) * 8;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   float acc[VT][4];
 #pragma unroll
   for (int t = 0; t < VT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
 
-  for (long long kt = k_begin; kt < k_end; kt += kAttnKeys) {
-    __syncthreads();  // the previous tile is consumed
-    if (threadIdx.x < kAttnKeys) {
-      const long long t = kt + threadIdx.x;
-      slots[threadIdx.x] = t < k_end && t < prefix ? prefix_slot(p, start, t) : -1;
+  int st = 0;
+  for (long long kt = k_begin; kt < k_end; kt += KT, st ^= 1) {
+    if (kt + KT < k_end) {
+      issue(kt + KT, st ^ 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
     }
-    __syncthreads();
-    for (int key = warp; key < kAttnKeys; key += kWarps) {
-      const long long t = kt + key;
-      const T *ksrc = nullptr, *vsrc = nullptr;
-      if (t < k_end && t < prefix) {
-        ksrc = k_cache + slots[key] * p.kc_s0 + g * p.kc_s1;
-        vsrc = v_cache + slots[key] * p.vc_s0 + g * p.vc_s1 + col0;
-      } else if (t < k_end) {
-        const long long row = static_cast<long long>(b) * p.q_nodes + (t - prefix);
-        ksrc = k_new + row * p.kn_s0 + g * p.kn_s1;
-        vsrc = v_new + row * p.vn_s0 + g * p.vn_s1 + col0;
-      }
-      load_row(ks + key * QS, ksrc, p.dqk, D, lane, 32);
-      load_row(vs + key * VS, vsrc, min(DVC, p.dv - col0), DVC, lane, 32);
-    }
-    __syncthreads();
+    __syncthreads();  // this tile (and, the first time, the query rows) has landed
+    const T* ks = kbuf + st * KT * QS;
+    const T* vs = vbuf + st * KT * VS;
 
-    // S = Q K^T for the warp's 16 rows and the tile's 32 keys.
+    // S = Q K^T for the warp's 16 rows and the tile's KT keys.
     float s[NT][4];
 #pragma unroll
     for (int n = 0; n < NT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-    const T* qa = qs + (warp * 16 + gr) * QS + gc * 2;
-#pragma unroll 4
+    const T* kb = ks + (mr + (mi >> 1) * 8) * QS + (mi & 1) * 8;
+#pragma unroll 2
     for (int kk = 0; kk < D; kk += 16) {
       uint32_t a[4];
-      a[0] = *reinterpret_cast<const uint32_t*>(qa + kk);
-      a[1] = *reinterpret_cast<const uint32_t*>(qa + 8 * QS + kk);
-      a[2] = *reinterpret_cast<const uint32_t*>(qa + kk + 8);
-      a[3] = *reinterpret_cast<const uint32_t*>(qa + 8 * QS + kk + 8);
+      ldmatrix_x4(a, qa + kk);
 #pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        const T* kb = ks + (n * 8 + gr) * QS + gc * 2 + kk;
-        uint32_t bfrag[2] = {*reinterpret_cast<const uint32_t*>(kb),
-                             *reinterpret_cast<const uint32_t*>(kb + 8)};
-        Mma::mma(s[n], a, bfrag);
+      for (int n = 0; n < NT; n += 2) {
+        uint32_t bf[4];  // keys n*8.. (k 0-7, 8-15), then keys n*8+8.. (k 0-7, 8-15)
+        ldmatrix_x4(bf, kb + n * 8 * QS + kk);
+        Mma::mma(s[n], a, bf);
+        Mma::mma(s[n + 1], a, bf + 2);
       }
     }
     // Scale to base 2, mask (past the split, or a tree node that is no ancestor), and the
     // online softmax update of this thread's two rows.
     float tile_max[2] = {-INFINITY, -INFINITY};
+    if (kt + KT <= min(k_end, prefix)) {  // a whole tile of prefix keys: nothing masked
 #pragma unroll
-    for (int n = 0; n < NT; ++n) {
+      for (int n = 0; n < NT; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int h = e >> 1;
-        const long long t = kt + n * 8 + gc * 2 + (e & 1);
-        bool ok = t < k_end;
-        if (ok && t >= prefix) {
-          const int j = static_cast<int>(t - prefix);
-          ok = (bits_of[h][j >> 5] >> (j & 31)) & 1;
+        for (int e = 0; e < 4; ++e) {
+          s[n][e] *= p.sm_scale_log2;
+          tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[n][e]);
         }
-        s[n][e] = ok ? s[n][e] * p.sm_scale_log2 : -INFINITY;
-        tile_max[h] = fmaxf(tile_max[h], s[n][e]);
+    } else {
+      // Keys past the split, and tree nodes that are no ancestor of the row, are masked.
+      const int in_split = static_cast<int>(min(static_cast<long long>(KT), k_end - kt));
+      const int first_tree = static_cast<int>(max(0ll, min(static_cast<long long>(KT), prefix - kt)));
+      const int node0 = static_cast<int>(kt - prefix);  // tree node of the tile's key 0
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int h = e >> 1, key = n * 8 + gc * 2 + (e & 1);
+          bool ok = key < in_split;
+          if (ok && key >= first_tree) {
+            const int j = node0 + key;
+            ok = (bits_of[h][j >> 5] >> (j & 31)) & 1;
+          }
+          s[n][e] = ok ? s[n][e] * p.sm_scale_log2 : -INFINITY;
+          tile_max[h] = fmaxf(tile_max[h], s[n][e]);
+        }
       }
     }
     float scale[2];
@@ -285,20 +343,20 @@ __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
       acc[t][2] *= scale[1];
       acc[t][3] *= scale[1];
     }
-    // O += P V: keys are the k dimension, 16 per step.
+    // O += P V: keys are the k dimension, 16 per step; V fragments by transposing loads.
+    const T* vb = vs + (mr + (mi & 1) * 8) * VS + (mi >> 1) * 8;
 #pragma unroll
-    for (int kk = 0; kk < kAttnKeys / 16; ++kk) {
+    for (int kk = 0; kk < KT / 16; ++kk) {
       const uint32_t a[4] = {pa[2 * kk][0], pa[2 * kk][1], pa[2 * kk + 1][0], pa[2 * kk + 1][1]};
-      const T* vb = vs + (kk * 16 + gc * 2) * VS + gr;
 #pragma unroll
-      for (int t = 0; t < VT; ++t) {
-        const T* v0 = vb + t * 8;
-        uint32_t bfrag[2];
-        bfrag[0] = Mma::pack(to_f32(v0[0]), to_f32(v0[VS]));
-        bfrag[1] = Mma::pack(to_f32(v0[8 * VS]), to_f32(v0[9 * VS]));
-        Mma::mma(acc[t], a, bfrag);
+      for (int t = 0; t < VT; t += 2) {
+        uint32_t bf[4];  // columns t*8.. (keys 0-7, 8-15), then columns t*8+8..
+        ldmatrix_x4_trans(bf, vb + kk * 16 * VS + t * 8);
+        Mma::mma(acc[t], a, bf);
+        Mma::mma(acc[t + 1], a, bf + 2);
       }
     }
+    __syncthreads();  // every warp is done with this stage before it is refilled
   }
 
   // The row sums over the 4 lanes that share a row, then the results.
@@ -317,7 +375,7 @@ __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
       const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
       for (int t = 0; t < VT; ++t) {
         const int c = t * 8 + gc * 2;
-        if (col0 + c >= p.dv) break;
+        if (c >= dv_here) break;
         o[c] = from_f32<T>(acc[t][2 * h] * inv);
         o[c + 1] = from_f32<T>(acc[t][2 * h + 1] * inv);
       }
@@ -329,7 +387,7 @@ __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
       float* part = p.part + at;
       for (int t = 0; t < VT; ++t) {
         const int c = t * 8 + gc * 2;
-        if (col0 + c >= p.dv) break;
+        if (c >= dv_here) break;
         part[col0 + c] = acc[t][2 * h];
         part[col0 + c + 1] = acc[t][2 * h + 1];
       }
