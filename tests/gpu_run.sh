@@ -2,11 +2,12 @@
 # The GPU recipe, run on the lent H200 through the device tool (see README "GPU"):
 # installs the wheel built here (carried in wheels/), runs the GPU-marked tests,
 # compute-sanitizer memcheck + racecheck on a small batch, and the GPU benchmark.
-# Logs go to $OUT. STEPS selects parts: "tests sanitize bench loop" (default: all);
-# PYTEST_K (a -k expression), BENCH_ARGS and LOOP_ARGS narrow the tests and benchmarks.
+# Logs go to $OUT. STEPS selects parts: "tests sanitize bench loop attention" (default: all);
+# PYTEST_K (a -k expression), BENCH_ARGS, LOOP_ARGS and ATTN_ARGS narrow the tests and
+# benchmarks.
 set -u
 OUT=${OUT:-/tmp/ddtree-gpu-out}
-STEPS=${STEPS:-"tests sanitize bench loop"}
+STEPS=${STEPS:-"tests sanitize bench loop attention"}
 mkdir -p "$OUT"
 rm -rf /tmp/site  # a warm machine keeps the last wheel; pip --target would not replace it
 pip install --no-index --no-deps --target /tmp/site wheels/ddtree-*.whl >/tmp/install.log 2>&1 \
@@ -33,6 +34,10 @@ for step in $STEPS; do
     bench)
         python3 -m ddtree.bench_gpu ${BENCH_ARGS:-} >"$OUT/bench-gpu.txt" 2>&1 || status=1
         cat "$OUT/bench-gpu.txt" ;;
+    attention)
+        python3 -m ddtree bench --attention ${ATTN_ARGS:-} >"$OUT/bench-attention.txt" 2>&1 \
+            || status=1
+        cat "$OUT/bench-attention.txt" ;;
     esac
 done
 exit $status

@@ -151,3 +151,55 @@ def test_a_bad_page_fails_one_request_and_the_context_lives():
         err = (out[rows].cpu().double() - want[rows]).norm() / want[rows].norm()
         assert float(err) <= 5e-3
     assert float(torch.ones(3, device=DEV).sum()) == 3.0
+
+
+def test_a_whole_round_with_tree_attention_in_one_graph():
+    """Stepper.step -> a verify forward whose attention is tree_attention -> Stepper.accept,
+    captured in the caller's own graph; replays on new drafts equal a second Stepper run
+    eagerly on the same values."""
+    bs, depth, vocab, budget, hq, hkv, d, plen = 4, 6, 300, 63, 8, 2, 64, 100
+    q_nodes = budget + 1
+    g = torch.Generator(device=DEV).manual_seed(0)
+
+    def rnd(*shape):
+        return torch.randn(*shape, device=DEV, generator=g).to(torch.bfloat16)
+
+    x, roots = rnd(bs, depth, vocab) * 3, torch.randint(0, vocab, (bs,), device=DEV, generator=g)
+    prefix = torch.full((bs,), plen, device=DEV)
+    emb_q, emb_k, emb_v = rnd(vocab, hq, d), rnd(vocab, hkv, d), rnd(vocab, hkv, d)
+    pool_k, pool_v = rnd(bs * plen + 7, hkv, d), rnd(bs * plen + 7, hkv, d)
+    indptr = torch.arange(0, bs * plen + 1, plen, device=DEV, dtype=torch.int32)
+    indices = torch.randperm(bs * plen + 7, device=DEV, generator=g)[: bs * plen].to(torch.int32)
+    unembed = torch.randn(hq * d, vocab, device=DEV, generator=g)
+    ws = ddtree.AttentionWorkspace(DEV, max_batch=bs, q_nodes=q_nodes, hq=hq, hkv=hkv, dqk=d, dv=d)
+
+    def round_(stepper, out):
+        tree = stepper.step(x, roots, prefix)
+        ids = tree.verify_ids.flatten()
+        ddtree.tree_attention(
+            emb_q[ids], emb_k[ids], emb_v[ids], pool_k, pool_v, indptr, indices, prefix,
+            tree, sm_scale=d**-0.5, out=out, workspace=ws,
+        )  # fmt: skip
+        logits = (out.view(bs * q_nodes, -1).float() @ unembed).view(bs, q_nodes, vocab)
+        return stepper.accept(logits)
+
+    def new_stepper():
+        return ddtree.Stepper(max_batch=bs, budget=budget, depth=depth, vocab=vocab, device=DEV)
+
+    stepper, out = new_stepper(), torch.empty(bs * q_nodes, hq, d, device=DEV).bfloat16()
+    round_(stepper, out)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        acc = round_(stepper, out)
+    ref, ref_out = new_stepper(), torch.empty_like(out)
+    for seed in range(4):
+        x.copy_(rnd(bs, depth, vocab) * 3)
+        roots.copy_(torch.randint(0, vocab, (bs,), device=DEV, generator=g))
+        graph.replay()
+        eager = round_(ref, ref_out)
+        assert torch.equal(out, ref_out), seed
+        for name in ("accept_len", "accepted_tokens", "bonus"):
+            assert torch.equal(getattr(acc, name), getattr(eager, name)), (seed, name)
+    host = stepper.readback(wait=True)
+    assert torch.equal(host["accepted_tokens"], acc.accepted_tokens.cpu())
