@@ -10,10 +10,16 @@ import argparse
 import sys
 
 from . import bench
+from .demo import cli as demo
 
 # name -> (module, one-line help). The module is imported eagerly: every command is cheap to
 # import (torch is already a dependency of the package itself).
 COMMANDS = {
+    "demo": (
+        demo,
+        "decode SmolLM2-135M three ways (greedy, chain, DDTree) with ddtree's build, tree "
+        "attention, accept and KV commit (CPU by default; --device cuda)",
+    ),
     "bench": (
         bench,
         "time a round per stage: the reference vs the Rust CPU path; --device cuda: the GPU "
