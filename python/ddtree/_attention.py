@@ -44,23 +44,8 @@ def tree_attention(
     """Attention of the tree's queries ``q`` ``[bs*Q, Hq, Dqk]`` over each request's prefix
     and its ancestors in the tree; returns ``out`` ``[bs*Q, Hq, Dv]`` (and the natural-log
     ``lse`` float32 ``[bs*Q, Hq]`` with ``return_lse``). See docs/api.md."""
-    a = _check(
-        q,
-        k_new,
-        v_new,
-        k_cache,
-        v_cache,
-        kv_indptr,
-        kv_indices,
-        prefix_lens,
-        tree,
-        sm_scale,
-        page_size,
-        out,
-        return_lse,
-        lse_out,
-        status,
-    )
+    given = dict(locals())  # the arguments, by name, for _check
+    a = _check(**{name: value for name, value in given.items() if name != "workspace"})
     if q.device.type == "cuda":
         _cuda_attention(a, workspace)
     else:

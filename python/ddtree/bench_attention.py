@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import math
-import statistics
 import sys
 
 import torch
@@ -23,6 +22,7 @@ import torch.nn.functional as F
 
 from . import _attention, build_tree
 from ._types import Tree
+from .bench_gpu import eager_time_us
 
 FLUSH_BYTES = 512 << 20  # larger than the H200's 50 MB L2
 
@@ -85,17 +85,7 @@ def inputs(family, bs, n, prefix, device):
 
 def timed(fn, reps: int, flush: torch.Tensor) -> float:
     """Median µs of `fn` over `reps` calls, each after an L2 flush."""
-    fn()
-    times = []
-    for _ in range(reps):
-        flush.zero_()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000)
-    return statistics.median(times)
+    return eager_time_us(fn, reps, before=flush.zero_)
 
 
 def sdpa_fns(c, family, bs, prefix):

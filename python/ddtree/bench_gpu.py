@@ -75,11 +75,15 @@ def graph_time_us(fn, replays: int) -> float:
     return statistics.median(s.elapsed_time(e) for s, e in events) * 1000.0
 
 
-def eager_time_us(fn, reps: int) -> float:
+def eager_time_us(fn, reps: int, before=None) -> float:
+    """Median µs of eager calls of `fn` (CUDA events around each); `before()` runs ahead of
+    every timed call, outside the events (e.g. an L2 flush)."""
     fn()
     torch.cuda.synchronize()
     times = []
     for _ in range(reps):
+        if before is not None:
+            before()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
