@@ -45,6 +45,14 @@ def test_out_is_written_in_place_and_inputs_are_untouched():
         assert torch.equal(c[k], v), k
 
 
+def test_a_strided_lse_out_is_refused():
+    c = make_case()
+    rows, hq = c["q"].shape[0], c["q"].shape[1]
+    lse = torch.empty(rows, 2 * hq)[:, :hq]
+    with pytest.raises(ValueError, match="lse_out"):
+        ddtree.tree_attention(**c, return_lse=True, lse_out=lse)
+
+
 def test_a_bad_page_sets_a_status_or_raises():
     c = make_case(prefix=(5, 9))
     c["kv_indices"][1] = 10**6

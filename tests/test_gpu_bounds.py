@@ -176,3 +176,62 @@ def test_the_gpu_gives_the_cpu_codes_on_the_same_bad_inputs():
         results[device] = (acc.status.cpu(), kept.cpu(), release.cpu())
     for a, b in zip(results["cpu"], results["cuda"], strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_accept_with_a_child_link_pointing_back_stops_at_the_root(device):
+    # Node 0's first child is node 0 itself (in range, no sibling cycle): a walk following
+    # it would revisit nodes; links must point forward (best-first order).
+    tree, target, clean = round_on(device)
+    fields = {n: getattr(tree, n).clone() for n in tree.__dataclass_fields__}
+    fields["first_child"][3, 0] = 0
+    fields["verify_ids"][3, 0] = int(target[3, 0].float().argmax())
+    acc = ddtree.accept_tree(Tree(**fields), target)
+    assert_context_alive(device)
+    assert acc.status.tolist()[3] == ddtree.STATUS_BAD_TREE_LINK
+    assert int(acc.accept_len[3]) == 1 and (acc.accepted_nodes[3, 1:] == -1).all()
+    assert [s for i, s in enumerate(acc.status.tolist()) if i != 3] == [0] * (BS - 1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_path_longer_than_the_window_moves_nothing(device):
+    # A hand-made acceptance whose path repeats nodes past the Q window slots.
+    tree, _, acc = round_on(device)
+    q = tree.width
+    nodes = torch.full((BS, q + 3), -1, dtype=torch.int64, device=device)
+    nodes[:, 0] = 0
+    nodes[1, : q + 2] = torch.arange(q + 2, device=device) % 2  # 0, 1, 0, 1, ...
+    long_acc = Acceptance(
+        accepted_nodes=nodes,
+        accepted_tokens=torch.zeros_like(nodes),
+        accept_len=(nodes >= 0).sum(1),
+        bonus=torch.zeros(BS, dtype=torch.int64, device=device),
+        accept_index=torch.zeros_like(nodes),
+        status=torch.zeros(BS, dtype=torch.int32, device=device),
+    )
+    slots = BS * q + 40
+    bufs, caches = guarded_caches(device, slots)
+    before = [b.clone() for b in bufs]
+    if device == "cuda":  # the GPU's staging holds L + 1 <= 21 entries: refused up front
+        with pytest.raises(ValueError, match="acc"):
+            ddtree.compact_kv(long_acc, window(device, slots), caches)
+        return
+    ddtree.compact_kv(long_acc, window(device, slots), caches)
+    assert long_acc.status.tolist()[1] == ddtree.STATUS_NODE_OUT_OF_RANGE
+    for b, old in zip(bufs, before, strict=True):
+        assert torch.equal(
+            b[window(device, slots)[1] + GUARD], old[window(device, slots)[1] + GUARD]
+        )
+
+
+def test_cpu_release_mask_when_the_path_does_not_start_at_node_0():
+    acc = Acceptance(
+        accepted_nodes=torch.tensor([[1, -1]]),
+        accepted_tokens=torch.tensor([[5, -1]]),
+        accept_len=torch.tensor([1]),
+        bonus=torch.tensor([7]),
+        accept_index=torch.tensor([[1, -1]]),
+        status=torch.zeros(1, dtype=torch.int32),
+    )
+    kept, release = ddtree.kept_slots(acc, torch.tensor([[10, 11, 12]]))
+    assert kept.tolist() == [[11, -1]] and release.tolist() == [[True, False, True]]

@@ -409,3 +409,21 @@ def test_readback_does_not_block_and_accept_never_syncs():
         stepper.step(x, roots, prefix)
         stepper.accept(target, temperature=0.8, top_k=50, top_p=0.9)
     assert torch.cuda.memory_stats()["allocation.all.allocated"] == stats
+
+
+def test_stepper_kept_slots_of_a_tree_shallower_than_the_stepper():
+    stepper = ddtree.Stepper(max_batch=4, budget=15, depth=6, vocab=50, device=DEV)
+    z = torch.zeros(4, dtype=torch.int64, device=DEV)
+    stepper.step(torch.randn(4, 2, 50, device=DEV), z, z)  # depth 2 < 6: paths of 3
+    acc = stepper.accept(torch.randn(4, 16, 50, device=DEV))
+    window = torch.arange(64, device=DEV).view(4, 16)
+    kept, release = stepper.kept_slots(window)
+    want, want_release = ddtree.kept_slots(on_acc(acc, "cpu"), window.cpu())
+    assert kept.shape == (4, 3) and torch.equal(kept.cpu(), want)
+    assert torch.equal(release.cpu(), want_release)
+
+
+def on_acc(acc, device):
+    return ddtree.Acceptance(
+        **{n: getattr(acc, n).clone().to(device) for n in acc.__dataclass_fields__}
+    )

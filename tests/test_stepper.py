@@ -81,3 +81,22 @@ def test_readback_on_the_cpu_keeps_each_rounds_tokens(rng):
     for round_, (host, token) in enumerate(zip(hosts, (1, 2), strict=True)):
         assert host["round"] == round_
         assert host["bonus"].tolist() == [token, token]
+
+
+def test_cpu_readback_returns_each_published_round_once(rng):
+    """As on CUDA: the newest published round, once; an unpublished accept is not read back."""
+    stepper = ddtree.Stepper(max_batch=2, budget=4, depth=3, vocab=10, device="cpu")
+    x = torch.from_numpy(rng.standard_normal((2, 3, 10)).astype(np.float32))
+    stepper.step(x, torch.zeros(2, dtype=torch.int64), torch.zeros(2, dtype=torch.int64))
+    assert stepper.readback() is None
+    target = torch.zeros(2, 5, 10)
+    target[..., 3] = 1.0
+    stepper.accept(target)
+    assert stepper.readback()["bonus"].tolist() == [3, 3]
+    assert stepper.readback() is None  # returned already
+    other = torch.zeros(2, 5, 10)
+    other[..., 4] = 1.0
+    stepper.accept(other, readback=False)  # not published
+    assert stepper.readback() is None
+    again = stepper.readback(wait=True)  # the newest published, again
+    assert again["bonus"].tolist() == [3, 3] and again["round"] == 0

@@ -175,6 +175,8 @@ def _check(
     lse = None
     if return_lse:
         lse = _out("lse_out", lse_out, (rows, hq), torch.float32, dev, last_contiguous=True)
+        if not lse.is_contiguous():  # the kernel writes lse[row * Hq + head]
+            raise ValueError("lse_out: must be contiguous")
     elif lse_out is not None:
         raise ValueError("lse_out: given without return_lse=True")
     if status is not None and (

@@ -36,7 +36,8 @@ def _node_codes(nodes: torch.Tensor, q: int) -> torch.Tensor:
     """CPU twin of the kernels' check_nodes: per request, NODE_OUT_OF_RANGE when a path
     entry is neither a node of [0, Q) nor trailing −1 padding, else 0 (int32 [bs])."""
     prev = torch.cat([torch.zeros_like(nodes[:, :1]), nodes[:, :-1]], dim=1)
-    bad = (nodes >= q) | (nodes < -1) | ((nodes >= 0) & (prev < 0))
+    past_window = torch.arange(nodes.shape[1], device=nodes.device) >= q
+    bad = (nodes >= q) | (nodes < -1) | ((nodes >= 0) & ((prev < 0) | past_window))
     bad[:, 0] |= nodes[:, 0] < 0
     return torch.where(bad.any(1), NODE_OUT_OF_RANGE, 0).to(torch.int32)
 
@@ -108,7 +109,8 @@ def kept_slots(acc: Acceptance, out_cache_loc, *, kept=None, release=None, num_s
     safe = torch.where(ok, nodes, -1).clamp(max=q - 1)
     kept.copy_(torch.where(safe >= 0, w.gather(1, safe.clamp(min=0)), -1))
     release.copy_(ok.expand(bs, q))
-    release.scatter_(1, safe.clamp(min=0), False)  # pads hit node 0, always on the path
+    on_path = torch.where(safe >= 0, safe, safe[:, :1].clamp(min=0))  # pads: the root entry
+    release.scatter_(1, on_path, False)
     _record(acc, codes)
     return kept, release
 

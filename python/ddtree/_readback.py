@@ -16,7 +16,11 @@ import torch
 from . import _core, _cuda
 from ._types import Acceptance
 
-READBACK_SLOTS = 4  # how many rounds the host may fall behind and still read each one
+# Slots in the ring: a slot is rewritten READBACK_SLOTS rounds after it was written, so a
+# round stays readable until then. readback() returns the newest whole round; a host that
+# polls less often than once per round skips the rounds in between (they are still whole in
+# the ring, and in the device Acceptance of their round).
+READBACK_SLOTS = 4
 
 
 class ReadbackRing:

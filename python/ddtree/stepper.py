@@ -74,7 +74,10 @@ class Stepper:
         """Sampling state, the readback ring, commit outputs (CUDA only)."""
         self._sampling = None
         self._ring: ReadbackRing | None = None
-        self._cpu_round = -1  # publishing calls on the CPU path (readback's "round")
+        # The CPU path's published acceptance (readback's copy, taken when published), its
+        # round, and whether readback() returned it.
+        self._cpu_published: dict | None = None
+        self._cpu_returned = True
         self._graphs: dict[int, RoundGraph] = {}
         self._caches: _commit.CacheTable | None = None
         if self.device.type != "cuda":
@@ -172,8 +175,11 @@ class Stepper:
             return
         if self.device.type == "cuda":
             self._ring.write(acc)
-        else:
-            self._cpu_round += 1
+            return
+        round_ = -1 if self._cpu_published is None else self._cpu_published["round"]
+        self._cpu_published = {name: getattr(acc, name).clone() for name in _READBACK}
+        self._cpu_published["round"] = round_ + 1
+        self._cpu_returned = False
 
     def readback(self, wait: bool = False):
         """Host copy of a published acceptance: ``accept_len``, ``accepted_tokens``,
@@ -184,16 +190,16 @@ class Stepper:
         capture) and returns the newest one even if it was returned before. The tensors are
         the caller's own copies.
 
-        On the CPU path the acceptance is on the host as soon as ``accept`` returns: this
-        returns copies of its fields, which later calls leave alone.
+        On the CPU path the same rules hold for the acceptance published last (copied when
+        it was published): returned once, None until the next publishing call.
         """
         self._check_open()
         if self.device.type != "cuda":
-            if self._acc is None or self._cpu_round < 0:
+            if self._cpu_published is None or (self._cpu_returned and not wait):
                 return None
-            out = {name: getattr(self._acc, name).clone() for name in _READBACK}
-            out["round"] = self._cpu_round
-            return out
+            self._cpu_returned = True
+            return {k: v.clone() if isinstance(v, torch.Tensor) else v
+                    for k, v in self._cpu_published.items()}  # fmt: skip
         if wait:
             if torch.cuda.is_current_stream_capturing():
                 raise RuntimeError("Stepper.readback(wait=True): not allowed inside a capture")
@@ -265,8 +271,11 @@ class Stepper:
         if self.device.type != "cuda":
             result = _commit.kept_slots(acc, out_cache_loc, num_slots=slots)
         else:
-            bs = acc.batch_size
-            kept, release = self._kept[:bs], self._release[:bs]
+            bs, path, q = acc.batch_size, acc.path_len, self._tree.width
+            # Contiguous views of the static buffers for this call's shape (the tree may be
+            # shallower than the Stepper's depth).
+            kept = self._kept.view(-1)[: bs * path].view(bs, path)
+            release = self._release.view(-1)[: bs * q].view(bs, q)
             result = _commit.kept_slots(
                 acc, out_cache_loc, kept=kept, release=release, num_slots=slots
             )
@@ -313,7 +322,11 @@ class Stepper:
         return self._acc
 
     def close(self) -> None:
-        """Releases the static buffers; the Stepper cannot be used afterwards."""
+        """Releases the static buffers; the Stepper cannot be used afterwards. On CUDA it
+        first waits for the device, since queued readback kernels still store into the
+        pinned ring (a graph that captured this Stepper must not be replayed afterwards)."""
+        if self.device.type == "cuda" and self._ring is not None:
+            torch.cuda.synchronize(self.device)
         self._tree_bufs = self._acc_bufs = None
         self._tree = self._acc = None
         self._plans.clear()

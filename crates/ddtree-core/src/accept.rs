@@ -49,7 +49,9 @@ fn matching_child(
     for _ in 0..q {
         let Some(c) = child else { return Ok(None) };
         if links.verify_ids[c] == token {
-            return Ok(Some(c));
+            // Nodes are numbered in best-first order: a child comes after its parent, so a
+            // walk never revisits a node (and stays within Q entries).
+            return if c > node { Ok(Some(c)) } else { Err(BadLink) };
         }
         child = node_of(links.next_sibling[c], q)?;
     }

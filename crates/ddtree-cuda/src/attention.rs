@@ -133,6 +133,13 @@ pub unsafe fn tree_attention(
             "q: heads, batch or splits out of range".into(),
         ));
     }
+    // Grid y and z dimensions hold at most 65535 blocks (the splits; bs * Hkv).
+    let requests_heads = i64::from(p.bs) * i64::from(p.hkv);
+    if requests_heads > 65535 || p.splits > 65535 {
+        return Err(CudaError::arg(format!(
+            "q: bs * Hkv = {requests_heads} exceeds the grid's 65535"
+        )));
+    }
     let group = (p.hq / p.hkv) as usize;
     let (row_tiles, dv_chunks) = geometry(&v, p.q_nodes as usize, group, p.dv as usize);
     p.row_tiles = row_tiles as i32;

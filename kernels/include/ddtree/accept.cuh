@@ -38,14 +38,16 @@ struct Links {
   __device__ int next_sibling(int i) const {
     return local ? local[2 * q + i] : static_cast<int>(g.next_sibling[i]);
   }
-  // The child of `node` that carries `token`, -1 if none, or kCycle when the sibling chain
-  // runs longer than Q (a corrupt tree: a cycle). Links are in range (checked at load).
+  // The child of `node` that carries `token`, -1 if none, or kCycle for a corrupt tree: a
+  // sibling chain longer than Q, or a child that does not come after its parent (nodes are
+  // numbered in best-first order, so a walk only moves forward and never revisits a node).
+  // Links are in range (checked at load).
   static constexpr int kCycle = -2;
   __device__ int child_with(int node, int token) const {
     int c = first_child(node);
     for (int steps = 0; c >= 0; c = next_sibling(c), ++steps) {
       if (steps == q) return kCycle;
-      if (this->token(c) == token) return c;
+      if (this->token(c) == token) return c > node ? c : kCycle;
     }
     return -1;
   }

@@ -105,8 +105,9 @@ __device__ void attention_check(const AttentionParams& p, int b) {
   if (!bad) {
     for (long long i = threadIdx.x; i < pages; i += blockDim.x) {
       const long long used = i + 1 < pages ? ps : len - (i << p.page_shift);
-      const long long first = attn_index(p, start + i) << p.page_shift;
-      bad |= first < 0 || first + used > p.num_slots;
+      const long long page = attn_index(p, start + i);
+      // page * ps + used <= slots, compared without forming a product that could overflow.
+      bad |= page < 0 || p.num_slots < used || page > ((p.num_slots - used) >> p.page_shift);
     }
   }
   bad = __syncthreads_or(bad);

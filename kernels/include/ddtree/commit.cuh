@@ -28,7 +28,8 @@ __device__ __forceinline__ void record_status(int* status, int code) {
 __device__ __forceinline__ bool bad_entry(Path p, int i) {
   const long long n = p.nodes[i];
   const bool pad_before = i > 0 && p.nodes[i - 1] < 0;
-  return n >= p.q || n < -1 || (n >= 0 && pad_before) || (i == 0 && n < 0);
+  // A path longer than Q (a node repeated) would index past the request's Q window slots.
+  return n >= p.q || n < -1 || (n >= 0 && (pad_before || i >= p.q)) || (i == 0 && n < 0);
 }
 
 // kStatusNodeOutOfRange if some path entry is bad, else kStatusOk. Every thread of the

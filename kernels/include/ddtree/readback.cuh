@@ -11,7 +11,8 @@
 // wait on; the second follows the barrier after the data stores, so it orders them (fences
 // are cumulative over what the barrier let thread 0 observe) before the end stamp. A host
 // reader takes the end stamp, copies the data, then re-reads the begin stamp: equal stamps
-// mean the copy is whole (a seqlock; x86 keeps the host's loads in order).
+// mean the copy is whole (a seqlock; x86 keeps the host's loads in order — an aarch64 host
+// such as Grace would need acquire fences in the reader, which it does not have yet).
 #pragma once
 #include <cstddef>
 
@@ -61,9 +62,13 @@ __device__ __forceinline__ long long readback_word(const ReadbackSrc& src, int i
   return src.status[i - src.bs * src.path_len];
 }
 
-// One block: writes round `*cursor` into slot `*cursor % nslots`, then advances the cursor.
+// One block: claims the next round from the cursor (atomically, so launches that run
+// concurrently take distinct rounds) and writes it into slot `round % nslots`.
 __device__ void readback_round(ReadbackRing ring, ReadbackSrc src) {
-  const unsigned long long round = *ring.cursor;
+  __shared__ unsigned long long claimed;
+  if (threadIdx.x == 0) claimed = atomicAdd(ring.cursor, 1ull);
+  __syncthreads();
+  const unsigned long long round = claimed;
   volatile long long* slot = ring.slots + static_cast<long long>(round % ring.nslots) * ring.slot_words;
   const long long stamp = static_cast<long long>(round) + 1;
   if (threadIdx.x == 0) {
@@ -77,7 +82,6 @@ __device__ void readback_round(ReadbackRing ring, ReadbackSrc src) {
   if (threadIdx.x == 0) {
     __threadfence_system();  // every thread's data is visible before the end stamp
     slot[ring.slot_words - 1] = stamp;
-    *ring.cursor = round + 1;
   }
 }
 
