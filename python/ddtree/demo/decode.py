@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 import ddtree
+import ddtree.sglang
 from ddtree import Tree
 
 from .engine import Engine
@@ -160,10 +161,13 @@ def speculative(
         target = timer("verify", engine.verify, tree, prefix, window)
         kw = {"temperature": temperature, "generator": seed + rounds} if temperature > 0 else {}
         acc = timer("accept_commit", accept_commit, stepper, target, window, kw)
-        n = acc.accept_len.tolist()
-        tokens = acc.accepted_tokens.tolist()
-        for b, bonus in enumerate(acc.bonus.tolist()):
-            out[b] += tokens[b][1 : n[b]] + [bonus]
+        # The committed tokens as SGLang's tree verify reports them: verified_id holds
+        # each request's accepted drafts then its bonus, accept_length counts the drafts.
+        sg = ddtree.sglang.verify_output(acc, tree)
+        n = (sg["accept_length"] + 1).tolist()
+        committed = sg["verified_id"].tolist()
+        for b in range(len(out)):
+            out[b] += committed[b][: n[b]]
         lens.append(sum(n) / len(n))
         prefix = prefix + acc.accept_len
         roots = acc.bonus.clone()
