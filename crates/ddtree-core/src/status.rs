@@ -15,9 +15,10 @@ pub const NON_FINITE: i32 = 1;
 pub const ROOT_OUT_OF_VOCAB: i32 = 2;
 /// Build (GPU): a negative prefix length; the tree is root-only.
 pub const NEGATIVE_PREFIX: i32 = 3;
-/// Accept (stage 4): a `first_child` / `next_sibling` link outside `[-1, Q)`, or a sibling
-/// chain longer than `Q` (a cycle). The walk stops at the root: `accept_len` 1, the bonus
-/// drawn at the root.
+/// Accept (stage 4): a `first_child` / `next_sibling` link outside `[-1, Q)`, a sibling
+/// chain longer than `Q` (a cycle), or a matched child whose index is not above its
+/// parent's (nodes are numbered best-first, so a walk only moves forward). The walk stops
+/// at the root: `accept_len` 1, the bonus drawn at the root.
 pub const BAD_TREE_LINK: i32 = 4;
 /// Commit (stage 5): an accepted node outside `[0, Q)` (an acceptance not made by the
 /// accept). Nothing is written for the request.

@@ -9,7 +9,7 @@ constexpr int kStatusOk = 0;
 constexpr int kStatusNonFinite = 1;       // build: NaN/+inf draft logits
 constexpr int kStatusRootOutOfVocab = 2;  // build: root token outside [0, V)
 constexpr int kStatusNegativePrefix = 3;  // build: prefix length < 0
-constexpr int kStatusBadTreeLink = 4;     // accept: a link outside [-1, Q) or a cycle
+constexpr int kStatusBadTreeLink = 4;     // accept: a link outside [-1, Q), or a backward walk
 constexpr int kStatusNodeOutOfRange = 5;  // commit: an accepted node outside [0, Q)
 constexpr int kStatusSlotOutOfRange = 6;  // commit: a KV slot outside the caches
 
