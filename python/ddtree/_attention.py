@@ -45,7 +45,7 @@ def tree_attention(
     and its ancestors in the tree; returns ``out`` ``[bs*Q, Hq, Dv]`` (and the natural-log
     ``lse`` float32 ``[bs*Q, Hq]`` with ``return_lse``). See docs/api.md."""
     given = dict(locals())  # the arguments, by name, for _check
-    a = _check(**{name: value for name, value in given.items() if name != "workspace"})
+    a = _check(given)
     if q.device.type == "cuda":
         _cuda_attention(a, workspace)
     else:
@@ -96,24 +96,18 @@ def _shape(name, x, rank):
         raise ValueError(f"{name}: must have {rank} dimensions, got shape {list(x.shape)}")
 
 
-def _check(
-    q,
-    k_new,
-    v_new,
-    k_cache,
-    v_cache,
-    kv_indptr,
-    kv_indices,
-    prefix_lens,
-    tree,
-    sm_scale,
-    page_size,
-    out,
-    return_lse,
-    lse_out,
-    status,
-) -> dict:
-    """Every argument checked (shapes, dtypes, devices, strides) before anything runs."""
+def _check(given: dict) -> dict:
+    """Every argument of tree_attention (by name in `given`) checked — shapes, dtypes,
+    devices, strides — before anything runs."""
+    q, k_new, v_new = given["q"], given["k_new"], given["v_new"]
+    k_cache, v_cache, tree = given["k_cache"], given["v_cache"], given["tree"]
+    kv_indptr, kv_indices, prefix_lens = (
+        given["kv_indptr"],
+        given["kv_indices"],
+        given["prefix_lens"],
+    )
+    sm_scale, page_size, status = given["sm_scale"], given["page_size"], given["status"]
+    out, return_lse, lse_out = given["out"], given["return_lse"], given["lse_out"]
     if not isinstance(tree, Tree):
         raise TypeError(f"tree: expected a ddtree.Tree, got {type(tree).__name__}")
     names = ("q", "k_new", "v_new", "k_cache", "v_cache")
