@@ -64,3 +64,13 @@ def test_cli_json(capsys):
     for key in ("prompt_ids", "ar_ids", "ddtree_ids", "accept_lens"):
         assert key in out
     assert out["ddtree_ids"] == out["ar_ids"] and len(out["ar_ids"][0]) == 4
+
+
+def test_budget_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    r = decode.Result(
+        [[1]], 1.0, rounds=2, accept_lens=[1.0, 3.0], split={"draft": 0.2, "verify": 0.1}
+    )
+    path = tmp_path / "budgets.png"
+    cli.plot_budgets({1: r, 3: r}, str(path))
+    assert path.stat().st_size > 1000

@@ -43,6 +43,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    p.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="also run DDTree at budgets 1, 3, 7, 15, 31 and plot the mean accepted length by "
+        "budget and each round's time split (matplotlib)",
+    )
 
 
 def run(args) -> int:
@@ -57,6 +63,14 @@ def run(args) -> int:
     weights = load_weights(dtype=dtype).to(device=device)
     prompts = [tok.chat(p) for p in (args.prompt or PROMPTS)]
     results = decode_all(weights, prompts, args, device, dtype)
+    if args.plot:
+        sweep = budget_sweep(weights, prompts, args, device, dtype)
+        plot_budgets(sweep, args.plot)
+        for budget, r in sweep.items():  # the plotted numbers, beside the main table
+            mean = sum(r.accept_lens) / len(r.accept_lens)
+            ms = 1000 * sum(r.split.values()) / max(r.rounds, 1)
+            print(f"# budget {budget}: mean accepted length {mean:.2f}, {ms:.0f} ms/round",
+                  file=sys.stderr)  # fmt: skip
     if args.json:
         print(json.dumps(as_json(prompts, results)))
         return 0
@@ -126,3 +140,59 @@ def report(tok, prompts, results, args, device, dtype) -> None:
         total = sum(split.values())
         cells = ", ".join(f"{k} {v / total:.0%}" for k, v in split.items())
         print(f"# {name} round time: {cells}")
+
+
+SWEEP_BUDGETS = (1, 3, 7, 15, 31)
+
+
+def budget_sweep(weights, prompts, args, device, dtype) -> dict:
+    """DDTree alone at each budget of SWEEP_BUDGETS: budget -> Result."""
+    from . import decode
+    from .engine import Engine, Pool
+
+    out = {}
+    for budget in SWEEP_BUDGETS:
+        per_round = args.depth + 1
+        capacity = (
+            max(len(p) for p in prompts) + per_round * args.max_new_tokens + budget + per_round
+        )
+        pool = Pool(weights, len(prompts), capacity, args.page_size, device, dtype)
+        stepper = ddtree.Stepper(
+            max_batch=len(prompts), budget=budget, depth=args.depth,
+            vocab=weights.config.vocab, device=device,
+        )  # fmt: skip
+        engine = Engine(weights, pool, args.draft_layers)
+        out[budget] = decode.speculative(
+            engine, stepper, prompts, args.max_new_tokens, args.depth, args.temperature
+        )
+    return out
+
+
+def plot_budgets(sweep: dict, path: str) -> None:
+    """Mean accepted length by budget, and the round's time split per budget."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    budgets = list(sweep)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
+    lens = [sum(r.accept_lens) / len(r.accept_lens) for r in sweep.values()]
+    left.plot(budgets, lens, marker="o")
+    left.set_xscale("log", base=2)
+    left.set_xlabel("budget B (nodes)")
+    left.set_ylabel("mean accepted length per round")
+    left.set_title("DDTree: accepted length by budget")
+    stages = ("draft", "build", "verify", "accept_commit")
+    bottom = [0.0] * len(budgets)
+    for stage in stages:
+        ms = [1000 * r.split.get(stage, 0.0) / max(r.rounds, 1) for r in sweep.values()]
+        right.bar([str(b) for b in budgets], ms, bottom=bottom, label=stage)
+        bottom = [a + b for a, b in zip(bottom, ms, strict=True)]
+    right.set_xlabel("budget B")
+    right.set_ylabel("ms per round")
+    right.set_title("a round's time split")
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"# wrote {path}", file=sys.stderr)
