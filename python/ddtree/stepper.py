@@ -227,7 +227,7 @@ class Stepper:
 
         One graph per batch size: the readback kernel picks its ring slot from a cursor in
         device memory, so each replay writes the next slot and a host a few replays behind
-        still finds older rounds whole."""
+        still reads the newest finished round whole."""
         self._check_open()
         if self.device.type != "cuda":
             raise ValueError("Stepper.capture: CUDA graphs need device='cuda'")

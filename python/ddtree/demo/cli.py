@@ -78,28 +78,34 @@ def run(args) -> int:
     return 0
 
 
-def decode_all(weights, prompts, args, device, dtype) -> dict:
-    """The three decoders, each on a fresh pool of the same shape."""
-    from . import decode
+def new_engine(weights, prompts, args, device, dtype, budget: int):
+    """An engine over a fresh pool sized for this batch and a tree of `budget` nodes."""
     from .engine import Engine, Pool
 
-    cfg = weights.config
     # A request keeps decoding (up to L+1 tokens a round) until the slowest one has
     # max_new tokens, and each round's window needs Q more slots.
     per_round = args.depth + 1
-    capacity = (
-        max(len(p) for p in prompts) + per_round * args.max_new_tokens + args.budget + per_round
-    )
+    capacity = max(len(p) for p in prompts) + per_round * args.max_new_tokens + budget + per_round
+    pool = Pool(weights, len(prompts), capacity, args.page_size, device, dtype)
+    return Engine(weights, pool, args.draft_layers)
+
+
+def new_stepper(weights, prompts, args, device, budget: int, topk=None) -> ddtree.Stepper:
+    return ddtree.Stepper(
+        max_batch=len(prompts), budget=budget, depth=args.depth, vocab=weights.config.vocab,
+        device=device, topk=topk,
+    )  # fmt: skip
+
+
+def decode_all(weights, prompts, args, device, dtype) -> dict:
+    """The three decoders, each on a fresh pool of the same shape."""
+    from . import decode
 
     def engine():
-        pool = Pool(weights, len(prompts), capacity, args.page_size, device, dtype)
-        return Engine(weights, pool, args.draft_layers)
+        return new_engine(weights, prompts, args, device, dtype, args.budget)
 
     def stepper(budget, topk):
-        return ddtree.Stepper(
-            max_batch=len(prompts), budget=budget, depth=args.depth, vocab=cfg.vocab,
-            device=device, topk=topk,
-        )  # fmt: skip
+        return new_stepper(weights, prompts, args, device, budget, topk)
 
     n, t = args.max_new_tokens, args.temperature
     return {
@@ -148,24 +154,18 @@ SWEEP_BUDGETS = (1, 3, 7, 15, 31)
 def budget_sweep(weights, prompts, args, device, dtype) -> dict:
     """DDTree alone at each budget of SWEEP_BUDGETS: budget -> Result."""
     from . import decode
-    from .engine import Engine, Pool
 
-    out = {}
-    for budget in SWEEP_BUDGETS:
-        per_round = args.depth + 1
-        capacity = (
-            max(len(p) for p in prompts) + per_round * args.max_new_tokens + budget + per_round
-        )
-        pool = Pool(weights, len(prompts), capacity, args.page_size, device, dtype)
-        stepper = ddtree.Stepper(
-            max_batch=len(prompts), budget=budget, depth=args.depth,
-            vocab=weights.config.vocab, device=device,
+    return {
+        budget: decode.speculative(
+            new_engine(weights, prompts, args, device, dtype, budget),
+            new_stepper(weights, prompts, args, device, budget),
+            prompts,
+            args.max_new_tokens,
+            args.depth,
+            args.temperature,
         )  # fmt: skip
-        engine = Engine(weights, pool, args.draft_layers)
-        out[budget] = decode.speculative(
-            engine, stepper, prompts, args.max_new_tokens, args.depth, args.temperature
-        )
-    return out
+        for budget in SWEEP_BUDGETS
+    }
 
 
 def plot_budgets(sweep: dict, path: str) -> None:

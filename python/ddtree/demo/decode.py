@@ -30,11 +30,12 @@ def chain_tree(tokens: torch.Tensor, prefix: torch.Tensor) -> Tree:
     dev = tokens.device
     idx = torch.arange(n, device=dev)
     words = (n + 31) // 32
-    bits = torch.zeros(n, words, dtype=torch.int64, device=dev)
-    for i in range(n):
-        for j in range(i + 1):
-            bits[i, j // 32] |= 1 << (j % 32)
-    bits = torch.where(bits >= 2**31, bits - 2**32, bits).to(torch.int32)
+    # Node i sees nodes 0..i: its low i+1 bits, packed in int32 words (built on the host,
+    # copied once).
+    row = [((1 << (i + 1)) - 1) for i in range(n)]
+    packed = [[(r >> (32 * w)) & 0xFFFFFFFF for w in range(words)] for r in row]
+    bits = torch.tensor(packed, dtype=torch.int64)
+    bits = torch.where(bits >= 2**31, bits - 2**32, bits).to(torch.int32).to(dev)
     nxt = torch.where(idx + 1 < n, idx + 1, -1)
     full = torch.full((bs, n), -1, dtype=torch.int64, device=dev)
     return Tree(

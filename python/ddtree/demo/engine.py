@@ -115,9 +115,9 @@ class Engine:
         positions = tree.positions.flatten()
         h = self.w.embed[tokens]
         workspace = self.workspace(bs, q_nodes)
+        slots = window.flatten()
         for i, layer in enumerate(self.w.layers[: layers or self.cfg.n_layers]):
             q, k, v = self.qkv(layer, h, positions)
-            slots = window.flatten()
             self.pool.k[i][slots], self.pool.v[i][slots] = k, v
             o = ddtree.tree_attention(
                 q, k, v, self.pool.k[i], self.pool.v[i], self.pool.kv_indptr,
