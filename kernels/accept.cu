@@ -52,3 +52,9 @@ DDTREE_ACCEPT(ddtree_accept_bf16, __nv_bfloat16)
 // Advances the generator's offset after a sampling accept, so that the next call (or the
 // next replay of a graph that captured it) draws fresh numbers.
 extern "C" __global__ void ddtree_advance_rng(long long* rng) { rng[1] += 1; }
+
+// Scalar sampling parameters for every request and/or a new seed, in one launch
+// (include/ddtree/sample.cuh).
+extern "C" __global__ void ddtree_load_sampling(const __grid_constant__ ddtree::SamplingLoad a) {
+  ddtree::load_sampling(a);
+}

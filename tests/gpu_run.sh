@@ -2,7 +2,9 @@
 # The GPU recipe, run on the lent H200 through the device tool (see README "GPU"):
 # installs the wheel built here (carried in wheels/), runs the GPU-marked tests,
 # compute-sanitizer memcheck + racecheck on a small batch, and the GPU benchmark.
-# Logs go to $OUT. STEPS selects parts: "tests sanitize bench loop attention" (default: all);
+# Logs go to $OUT. STEPS selects parts: "tests sanitize bench loop attention" (default: all;
+# "host" times the host side of each Stepper call; "hunt" adds issue 12's long top-k tie
+# search, HUNT_SECONDS long);
 # PYTEST_K (a -k expression), BENCH_ARGS, LOOP_ARGS and ATTN_ARGS narrow the tests and
 # benchmarks.
 set -u
@@ -34,6 +36,12 @@ for step in $STEPS; do
     bench)
         python3 -m ddtree.bench_gpu ${BENCH_ARGS:-} >"$OUT/bench-gpu.txt" 2>&1 || status=1
         cat "$OUT/bench-gpu.txt" ;;
+    host)
+        python3 -m ddtree bench --host ${HOST_ARGS:-} >"$OUT/bench-host.txt" 2>&1 || status=1
+        cat "$OUT/bench-host.txt" ;;
+    hunt)
+        python3 tests/gpu_hunt_ties.py "${HUNT_SECONDS:-120}" >"$OUT/hunt-ties.txt" 2>&1 || status=1
+        cat "$OUT/hunt-ties.txt" ;;
     attention)
         python3 -m ddtree bench --attention ${ATTN_ARGS:-} >"$OUT/bench-attention.txt" 2>&1 \
             || status=1

@@ -23,7 +23,8 @@ COMMANDS = {
     "bench": (
         bench,
         "time a round per stage: the reference vs the Rust CPU path; --device cuda: the GPU "
-        "build; --loop: a GPU decode loop; --attention: the GPU tree verify attention",
+        "build; --loop: a GPU decode loop; --attention: the GPU tree verify attention; --host: "
+        "host time per Stepper call",
     ),
 }
 
@@ -49,6 +50,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import bench_attention
 
         return bench_attention.main([a for a in argv[1:] if a != "--attention"])
+    if argv[:1] == ["bench"] and "--host" in argv:  # and the host-cost benchmark
+        from . import bench_host
+
+        return bench_host.main([a for a in argv[1:] if a != "--host"])
     args = build_parser().parse_args(argv)
     args.argv = list(argv)  # the benchmark prints the exact command line it ran
     return args.run(args)

@@ -52,7 +52,7 @@ def _record(acc: Acceptance, codes: torch.Tensor) -> None:
     acc.status.copy_(torch.where(acc.status == 0, codes, acc.status))
 
 
-def _window(acc: Acceptance, out_cache_loc) -> torch.Tensor:
+def window(acc: Acceptance, out_cache_loc) -> torch.Tensor:
     if not isinstance(out_cache_loc, torch.Tensor):
         raise TypeError(
             f"out_cache_loc: expected a torch.Tensor, got {type(out_cache_loc).__name__}"
@@ -84,7 +84,7 @@ def kept_slots(acc: Acceptance, out_cache_loc, *, kept=None, release=None, num_s
     release mask ``[bs, Q]`` (True = slot freed). With ``num_slots`` (the KV pool's size),
     every window slot must lie in ``[0, num_slots)``; a request with a bad node or slot gets
     kept −1, nothing released, and a code in ``acc.status``."""
-    w = _window(acc, out_cache_loc)
+    w = window(acc, out_cache_loc)
     bs, q = w.shape
     kept = _out("kept", kept, (bs, acc.path_len), torch.int64, w.device)
     release = _out("release", release, (bs, q), torch.bool, w.device)
@@ -157,7 +157,7 @@ def compact_kv(acc: Acceptance, out_cache_loc, caches) -> None:
     the window's i-th slot, for i < accept_len; every source is read before any write. A
     request whose nodes or slots (read or written) are out of range moves nothing and gets
     a code in ``acc.status``."""
-    w = _window(acc, out_cache_loc)
+    w = window(acc, out_cache_loc)
     table = caches if isinstance(caches, CacheTable) else CacheTable(caches, w.device)
     if table.device != w.device:
         raise ValueError(f"caches: on {table.device}, out_cache_loc is on {w.device}")

@@ -14,7 +14,6 @@ import numpy as np
 import torch
 
 from . import _core, _cuda
-from ._types import Acceptance
 
 # Slots in the ring: a slot is rewritten READBACK_SLOTS rounds after it was written, so a
 # round stays readable until then. readback() returns the newest whole round; a host that
@@ -45,19 +44,6 @@ class ReadbackRing:
         }
         self.returned = 0  # stamp (round + 1) of the newest slot returned; 0: none
         self._layouts: dict[tuple, dict] = {}
-
-    def write(self, acc: Acceptance) -> None:
-        """Launches the kernel that stores ``acc`` into the next slot (capturable)."""
-        bs, path_len = acc.accepted_tokens.shape
-        src = {
-            "accept_len": acc.accept_len.data_ptr(),
-            "bonus": acc.bonus.data_ptr(),
-            "accepted_tokens": acc.accepted_tokens.data_ptr(),
-            "status": acc.status.data_ptr(),
-            "bs": bs,
-            "path_len": path_len,
-        }
-        _core.cuda_readback(*_cuda.launch_on(self.device), self.arg, src)
 
     def newest(self, fresh_only: bool = True) -> dict | None:
         """The newest whole slot (not returned before, with ``fresh_only``), or None."""

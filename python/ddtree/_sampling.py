@@ -81,6 +81,23 @@ class SamplingState:
                     _check_scalar(name, value, kind)
                 part.fill_(default if value is None else value)
 
+    @staticmethod
+    def scalars(temperature, top_k, top_p) -> tuple[float, int, float]:
+        """Checked scalar parameters (None: the default) as the kernel stores them; a top_k
+        beyond int32 is off like any k ≥ V."""
+        for name, value, kind in (
+            ("temperature", temperature, numbers.Real),
+            ("top_k", top_k, numbers.Integral),
+            ("top_p", top_p, numbers.Real),
+        ):
+            if value is not None:
+                _check_scalar(name, value, kind)
+        return (
+            float(temperature or 0.0),
+            min(int(top_k or 0), 2**31 - 1),
+            1.0 if top_p is None else float(top_p),
+        )
+
     def pointers(self) -> dict:
         return {
             "temperature": self.temperature.data_ptr(),

@@ -172,7 +172,8 @@ def bench_one(bs, budget, depth, vocab, replays, seed) -> dict:
     stepper = Stepper(max_batch=bs, budget=budget, depth=depth, vocab=vocab, device=dev)
     stepper.step(x, roots, prefix)
     k = min(budget, vocab)
-    plan = stepper._plan(bs, depth, k).launch
+    tree = stepper.step(x, roots, prefix)
+    plan = _cuda.LaunchPlan.of(tree, {n: t[: bs * depth] for n, t in stepper._scratch.items()})
     row = {"bs": bs, "B": budget}
     for name, bits in STAGES:
         row[name] = graph_time_us(

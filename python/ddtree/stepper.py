@@ -2,19 +2,11 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 
 from . import _api, _buffers, _commit, _cpu, _cuda, _sampling, _validate
 from ._readback import READBACK_SLOTS, ReadbackRing
 from ._types import Acceptance, Tree
-
-
-class _Plan(NamedTuple):
-    tree: Tree
-    launch: object  # _cuda.LaunchPlan on CUDA
-
 
 _READBACK = ("accept_len", "accepted_tokens", "bonus", "status")  # what readback() holds
 
@@ -23,8 +15,9 @@ class RoundGraph:
     """A captured round (step → verify → accept) and the views its replays rewrite; run it
     with ``Stepper.replay(bs)``."""
 
-    def __init__(self, graph, tree: Tree, acc: Acceptance):
+    def __init__(self, graph, tree: Tree, acc: Acceptance, round_: tuple | None = None):
         self.graph, self.tree, self.acc = graph, tree, acc
+        self.round = round_  # the CUDA engine's (bs, depth, K, V) of the captured step
 
 
 class Stepper:
@@ -64,8 +57,11 @@ class Stepper:
         self._acc_bufs = _buffers.FlatBuffers(largest_acc, self.device)
         rows = self.max_batch * self.depth
         self._scratch = _cuda.new_scratch(rows, self.device) if self.device.type == "cuda" else {}
-        self._plans: dict[tuple, _Plan] = {}
+        self._trees: dict[tuple, Tree] = {}  # views of the static buffers per (bs, L, K)
+        self._accs: dict[tuple, Acceptance] = {}  # per (bs, L)
+        self._kept_views: dict[tuple, tuple] = {}  # CUDA kept_slots outputs per (bs, L+1, Q)
         self._tree: Tree | None = None
+        self._round: tuple | None = None  # the CUDA engine's (bs, L, K, V) of the last step
         self._draft_vocab: int | None = None  # V of the last step(): accept's target must match
         self._acc: Acceptance | None = None
         self._cuda_round_state(seed)
@@ -80,6 +76,7 @@ class Stepper:
         self._cpu_returned = True
         self._graphs: dict[int, RoundGraph] = {}
         self._caches: _commit.CacheTable | None = None
+        self._engine = None
         if self.device.type != "cuda":
             return
         self._sampling = _sampling.SamplingState(self.max_batch, self.device, seed)
@@ -88,6 +85,23 @@ class Stepper:
         q = self.budget + 1
         self._kept = torch.empty(n, path, dtype=torch.int64, device=self.device)
         self._release = torch.empty(n, q, dtype=torch.bool, device=self.device)
+        self._engine = self._new_engine()
+
+    def _new_engine(self):
+        """The Rust round engine: it keeps the static buffers' addresses (read once, here)
+        and the last step's shape, so a call passes only its own tensors."""
+        from . import _core
+
+        bufs = {name: t.data_ptr() for name, t in self._tree_bufs.storage.items()}
+        bufs.update({name: t.data_ptr() for name, t in self._scratch.items()})
+        acc = self._acc_bufs.storage
+        bufs.update({name: t.data_ptr() for name, t in acc.items() if name != "status"})
+        bufs["acc_status"] = acc["status"].data_ptr()
+        bufs.update(self._sampling.pointers())
+        bufs.update({f"ring_{name}": value for name, value in self._ring.arg.items()})
+        bufs["kept"], bufs["release"] = self._kept.data_ptr(), self._release.data_ptr()
+        limits = (self.max_batch, self.budget, self.depth, self.vocab, self.topk)
+        return _core.CudaEngine(_cuda.device_index(self.device), limits, bufs)
 
     def _check_cuda_limits(self) -> None:
         from . import _core
@@ -100,6 +114,8 @@ class Stepper:
     def step(self, draft_logits, root_tokens, prefix_lens) -> Tree:
         """SPEC stages 1–3 into the static buffers; returns views sliced to the batch size."""
         self._check_open()
+        if self._engine is not None:
+            return self._step_cuda(draft_logits, root_tokens, prefix_lens)
         x = _validate.logits("draft_logits", draft_logits, max_depth=self.depth)
         _validate.same_device("draft_logits", x, self.device)
         bs, depth, vocab = x.shape
@@ -109,29 +125,42 @@ class Stepper:
             raise ValueError(f"draft_logits: vocabulary {vocab} exceeds vocab={self.vocab}")
         roots = _validate.index_vector("root_tokens", root_tokens, bs, self.device)
         prefix = _validate.index_vector("prefix_lens", prefix_lens, bs, self.device)
-        _validate.in_vocab("root_tokens", roots, vocab)  # CPU only: on CUDA, a status code
-        _validate.prefix_lens(prefix, depth)  # CPU only, as above
+        _validate.in_vocab("root_tokens", roots, vocab)
+        _validate.prefix_lens(prefix, depth)
         k = _api.k_of(self.budget, vocab, self.topk)
-        plan = self._plan(bs, depth, k)
-        if self.device.type == "cuda":
-            _cuda.launch_build(plan.launch, x, roots, prefix, self.budget, k)
-        else:
-            _cpu.build_into(plan.tree, x, roots, prefix, self.budget, self.topk)
-        self._tree = plan.tree
+        tree = self._tree_view((bs, depth, k))
+        _cpu.build_into(tree, x, roots, prefix, self.budget, self.topk)
+        self._tree = tree
         self._draft_vocab = vocab
-        return plan.tree
+        return tree
 
-    def _plan(self, bs: int, depth: int, k: int) -> _Plan:
-        """Views of the static buffers (and their pointers) for one shape, made once."""
-        key = (bs, depth, k)
-        plan = self._plans.get(key)
-        if plan is None:
-            shapes = _buffers.tree_shapes(bs, depth, k, self.budget)
-            tree = Tree(**self._tree_bufs.view(shapes))
-            scratch = {name: t[: bs * depth] for name, t in self._scratch.items()}
-            launch = _cuda.LaunchPlan.of(tree, scratch) if self.device.type == "cuda" else None
-            plan = self._plans[key] = _Plan(tree, launch)
-        return plan
+    def _step_cuda(self, draft_logits, root_tokens, prefix_lens) -> Tree:
+        """The engine checks every tensor (naming it) and launches; lists of ints become
+        tensors here first. Token and prefix values are checked on the device (status)."""
+        if not (isinstance(root_tokens, torch.Tensor) and isinstance(prefix_lens, torch.Tensor)):
+            bs = _validate.logits("draft_logits", draft_logits).shape[0]
+            root_tokens = _validate.index_vector("root_tokens", root_tokens, bs, self.device)
+            prefix_lens = _validate.index_vector("prefix_lens", prefix_lens, bs, self.device)
+        round_ = self._engine.step(draft_logits, root_tokens, prefix_lens)
+        tree = self._trees.get(round_[:3]) or self._tree_view(round_[:3])
+        self._tree, self._round = tree, round_
+        return tree
+
+    def _tree_view(self, key: tuple) -> Tree:
+        """Views of the static buffers for one (bs, L, K), made once."""
+        tree = self._trees.get(key)
+        if tree is None:
+            bs, depth, k = key
+            tree = Tree(**self._tree_bufs.view(_buffers.tree_shapes(bs, depth, k, self.budget)))
+            self._trees[key] = tree
+        return tree
+
+    def _acc_view(self, bs: int, depth: int) -> Acceptance:
+        acc = self._accs.get((bs, depth))
+        if acc is None:
+            acc = Acceptance(**self._acc_bufs.view(_buffers.acceptance_shapes(bs, depth)))
+            self._accs[(bs, depth)] = acc
+        return acc
 
     def accept(
         self,
@@ -153,8 +182,11 @@ class Stepper:
         if self._tree is None:
             raise RuntimeError("Stepper.accept: call step() first")
         tree = self._tree
-        shapes = _buffers.acceptance_shapes(tree.batch_size, tree.depth)
-        acc = Acceptance(**self._acc_bufs.view(shapes))
+        acc = self._acc_view(tree.batch_size, tree.depth)
+        if self._engine is not None:
+            self._accept_cuda(target_logits, temperature, top_k, top_p, generator, readback)
+            self._acc = acc
+            return acc
         _api.accept_into(
             tree,
             target_logits,
@@ -170,11 +202,27 @@ class Stepper:
         self._publish(acc, readback)
         return acc
 
+    def _accept_cuda(self, target_logits, temperature, top_k, top_p, generator, readback):
+        """Greedy: one engine call. Sampling: the target is checked first, then the
+        per-request parameters are loaded into the sampling state the kernel reads."""
+        sampled = not _sampling.is_greedy(temperature)
+        if sampled:
+            self._engine.check_target(target_logits)
+            seed = None if generator is None else _api.seed_of(generator) & _sampling.SEED_MASK
+            if any(isinstance(v, torch.Tensor) for v in (temperature, top_k, top_p)):
+                if seed is not None:
+                    self._engine.load_sampling(None, seed)
+                self._sampling.load(self._tree.batch_size, temperature, top_k, top_p)
+            else:  # scalars (or None) and the seed: one launch
+                params = _sampling.SamplingState.scalars(temperature, top_k, top_p)
+                self._engine.load_sampling(params, seed)
+        self._engine.accept(target_logits, sampled, readback)
+
     def _publish(self, acc: Acceptance, readback: bool) -> None:
         if not readback:
             return
-        if self.device.type == "cuda":
-            self._ring.write(acc)
+        if self._engine is not None:
+            self._engine.publish()
             return
         round_ = -1 if self._cpu_published is None else self._cpu_published["round"]
         self._cpu_published = {name: getattr(acc, name).clone() for name in _READBACK}
@@ -247,7 +295,7 @@ class Stepper:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             tree, acc = round_()
-        self._graphs[bs] = RoundGraph(graph, tree, acc)
+        self._graphs[bs] = RoundGraph(graph, tree, acc, self._round)
         return self._graphs[bs]
 
     def replay(self, bs: int):
@@ -258,6 +306,7 @@ class Stepper:
             raise ValueError(f"bs: no round captured for batch size {bs}; call capture() first")
         graph.graph.replay()
         self._tree, self._acc = graph.tree, graph.acc
+        self._engine.resume(graph.round)
         return graph
 
     def kept_slots(self, out_cache_loc, *, readback=False):
@@ -266,21 +315,25 @@ class Stepper:
         With registered caches, window slots outside them give ``STATUS_SLOT_OUT_OF_RANGE``
         in ``acc.status``; ``readback=True`` then publishes the acceptance (see ``accept``)."""
         acc = self._last_acceptance("kept_slots")
-        self._check_window(out_cache_loc)
         slots = self._caches.slots if self._caches is not None else None
-        if self.device.type != "cuda":
-            result = _commit.kept_slots(acc, out_cache_loc, num_slots=slots)
-        else:
-            bs, path, q = acc.batch_size, acc.path_len, self._tree.width
-            # Contiguous views of the static buffers for this call's shape (the tree may be
-            # shallower than the Stepper's depth).
-            kept = self._kept.view(-1)[: bs * path].view(bs, path)
-            release = self._release.view(-1)[: bs * q].view(bs, q)
-            result = _commit.kept_slots(
-                acc, out_cache_loc, kept=kept, release=release, num_slots=slots
-            )
+        if self._engine is not None:  # checks the window, launches, publishes
+            self._engine.kept_slots(out_cache_loc, slots, readback)
+            return self._kept_view(acc.batch_size, acc.path_len, self._tree.width)
+        self._check_window(out_cache_loc)
+        result = _commit.kept_slots(acc, out_cache_loc, num_slots=slots)
         self._publish(acc, readback)
         return result
+
+    def _kept_view(self, bs: int, path: int, q: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Contiguous views of the static kept/release outputs for one shape (the tree may
+        be shallower than the Stepper's depth), made once."""
+        key = (bs, path, q)
+        views = self._kept_views.get(key)
+        if views is None:
+            kept = self._kept.view(-1)[: bs * path].view(bs, path)
+            release = self._release.view(-1)[: bs * q].view(bs, q)
+            views = self._kept_views[key] = (kept, release)
+        return views
 
     def _check_window(self, out_cache_loc) -> None:
         """The verify window must be [bs, Q] of the last step's tree."""
@@ -329,7 +382,10 @@ class Stepper:
             torch.cuda.synchronize(self.device)
         self._tree_bufs = self._acc_bufs = None
         self._tree = self._acc = None
-        self._plans.clear()
+        self._trees.clear()
+        self._accs.clear()
+        self._kept_views.clear()
+        self._engine = None
         self._scratch = {}
         self._sampling = self._caches = None
         self._ring, self._graphs = None, {}

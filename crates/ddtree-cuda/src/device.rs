@@ -55,6 +55,8 @@ pub struct Device {
     /// Stage 4, per target dtype (f32, f16, bf16), and the generator's advance.
     pub accept: [CUfunction; 3],
     pub advance_rng: CUfunction,
+    /// Scalar sampling parameters and the seed, one launch (`SamplingLoad`).
+    pub load_sampling: CUfunction,
     /// Stage 5.
     pub kept_slots: CUfunction,
     pub readback: CUfunction,
@@ -173,6 +175,7 @@ impl Device {
             full_mask: f(emit, "ddtree_full_mask")?,
             accept: accept_fns,
             advance_rng: f(accept, "ddtree_advance_rng")?,
+            load_sampling: f(accept, "ddtree_load_sampling")?,
             kept_slots: f(commit, "ddtree_kept_slots")?,
             readback: f(commit, "ddtree_readback")?,
             compact_kv: f(commit, "ddtree_compact_kv")?,

@@ -10,6 +10,7 @@ mod accept;
 pub mod attention;
 mod commit;
 mod device;
+pub mod engine;
 pub mod fatbin;
 pub mod launch;
 pub mod readback;

@@ -3,9 +3,7 @@
 use crate::cuda::logits_of;
 use crate::errors;
 use crate::tensor::TensorArg;
-use ddtree_cuda::{
-    AcceptPtrs, CommitPath, ReadbackRing, ReadbackSrc, Sampling, SlotLayout, WalkTree,
-};
+use ddtree_cuda::{AcceptPtrs, CommitPath, Sampling, SlotLayout, WalkTree};
 use pyo3::prelude::*;
 use std::collections::HashMap;
 
@@ -196,57 +194,6 @@ pub fn cuda_gather_hidden(
 pub fn cuda_mapped_pointer(device: usize, host: usize) -> PyResult<usize> {
     ddtree_cuda::mapped_host_pointer(device, host as u64)
         .map(|p| p as usize)
-        .map_err(errors::cuda_to_py)
-}
-
-/// The readback ring's device side: mapped slots and the cursor (device addresses).
-#[derive(FromPyObject)]
-#[pyo3(from_item_all)]
-pub struct RingArg {
-    slots: usize,
-    cursor: usize,
-    slot_words: usize,
-    nslots: usize,
-}
-
-/// The acceptance fields a readback copies (device addresses) and their shape.
-#[derive(FromPyObject)]
-#[pyo3(from_item_all)]
-pub struct ReadbackSrcArg {
-    accept_len: usize,
-    bonus: usize,
-    accepted_tokens: usize,
-    status: usize,
-    bs: usize,
-    path_len: usize,
-}
-
-/// Writes an acceptance into the ring's next pinned slot and advances its device cursor.
-#[pyfunction]
-pub fn cuda_readback(
-    py: Python<'_>,
-    device: usize,
-    stream: usize,
-    ring: RingArg,
-    src: ReadbackSrcArg,
-) -> PyResult<()> {
-    let ring = ReadbackRing {
-        slots: ring.slots as u64,
-        cursor: ring.cursor as u64,
-        slot_words: ring.slot_words as i64,
-        nslots: ring.nslots as i32,
-    };
-    let src = ReadbackSrc {
-        accept_len: src.accept_len as u64,
-        bonus: src.bonus as u64,
-        accepted_tokens: src.accepted_tokens as u64,
-        status: src.status as u64,
-        bs: src.bs as i32,
-        path_len: src.path_len as i32,
-    };
-    // SAFETY: live CUDA tensors; `slots` came from cuda_mapped_pointer for a pinned tensor
-    // of nslots * slot_words int64.
-    py.detach(|| unsafe { ddtree_cuda::readback(device, stream as u64, ring, src) })
         .map_err(errors::cuda_to_py)
 }
 

@@ -5,6 +5,7 @@
 
 mod cuda;
 mod cuda_round;
+mod engine;
 mod errors;
 mod tensor;
 
@@ -318,6 +319,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(accept_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(accept_sampled, m)?)?;
     m.add_function(wrap_pyfunction!(sglang_custom_mask, m)?)?;
+    m.add_class::<engine::CudaEngine>()?;
     m.add_function(wrap_pyfunction!(cuda::cuda_build_tree, m)?)?;
     m.add_function(wrap_pyfunction!(cuda::cuda_full_mask, m)?)?;
     m.add_function(wrap_pyfunction!(cuda::cuda_images, m)?)?;
@@ -327,7 +329,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cuda_round::cuda_compact_kv, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_round::cuda_gather_hidden, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_round::cuda_mapped_pointer, m)?)?;
-    m.add_function(wrap_pyfunction!(cuda_round::cuda_readback, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_round::readback_layout, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_round::cuda_tree_attention, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_round::attention_tile, m)?)?;

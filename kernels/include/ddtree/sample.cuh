@@ -6,6 +6,8 @@
 // (top-p), and integer sums keep them deterministic. A sampled level reads its row once
 // into shared memory (when the slice fits) and runs its passes from there.
 #pragma once
+#include <cstddef>
+
 #include "accept_row.cuh"
 
 namespace ddtree {
@@ -156,6 +158,39 @@ struct SampleArgs {
   const float* top_p;        // >= 1: off
   const long long* rng;      // [2]: seed, offset (advanced after every accept)
 };
+
+// One launch that loads scalar sampling parameters for every request and/or reseeds the
+// generator (the Stepper's eager path: three fills and two seed writes were five launches).
+// Taken by value (`__grid_constant__`); crates/ddtree-cuda/src/engine.rs holds its
+// #[repr(C)] twin and asserts the same size and offsets.
+struct SamplingLoad {
+  float* temperature;  // [bs]
+  int* top_k;          // [bs]
+  float* top_p;        // [bs]
+  long long* rng;      // [2]: seed, offset
+  long long seed;
+  float t;
+  int k;
+  float p;
+  int bs;      // requests to fill; 0: leave the parameters as they are
+  int reseed;  // nonzero: rng = (seed, 0)
+  int pad;
+};
+static_assert(sizeof(SamplingLoad) == 64 && offsetof(SamplingLoad, seed) == 32 &&
+                  offsetof(SamplingLoad, bs) == 52 && offsetof(SamplingLoad, reseed) == 56,
+              "SamplingLoad layout");
+
+__device__ __forceinline__ void load_sampling(const SamplingLoad& a) {
+  for (int i = threadIdx.x; i < a.bs; i += blockDim.x) {
+    a.temperature[i] = a.t;
+    a.top_k[i] = a.k;
+    a.top_p[i] = a.p;
+  }
+  if (a.reseed && threadIdx.x == 0) {
+    a.rng[0] = a.seed;
+    a.rng[1] = 0;
+  }
+}
 
 __device__ __forceinline__ uint64_t splitmix(uint64_t z) {
   z += 0x9e3779b97f4a7c15ull;

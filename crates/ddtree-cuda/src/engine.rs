@@ -1,0 +1,463 @@
+//! The round engine behind a CUDA `Stepper`: built once from the Stepper's limits and the
+//! device addresses of its static buffers (allocated through PyTorch, kept alive by the
+//! Stepper), it remembers the last step's shape and launches every stage of a round on the
+//! caller's stream. A call passes only that call's tensors; the checks that need no GPU
+//! (`plan_step`, `plan_accept`) are plain arithmetic, tested without one.
+
+use crate::accept::{accept_tree, AcceptPtrs, Sampling, WalkTree};
+use crate::commit::{kept_slots, CommitPath};
+use crate::device::enter_device;
+use crate::launch::BuildShape;
+use crate::readback::{readback, ReadbackRing, ReadbackSrc};
+use crate::{build_tree, launch, CudaError, Logits, Params, Scratch, TreePtrs, ALL_STAGES};
+use cudarc::driver::sys::CUstream;
+
+/// `kernels/include/ddtree/sample.cuh`'s `SamplingLoad`, by value (layout asserted on both
+/// sides): scalar parameters for `bs` requests and/or a new seed, in one launch.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SamplingLoad {
+    pub temperature: u64,
+    pub top_k: u64,
+    pub top_p: u64,
+    pub rng: u64,
+    pub seed: i64,
+    pub t: f32,
+    pub k: i32,
+    pub p: f32,
+    /// Requests to fill; 0 leaves the parameters as they are.
+    pub bs: i32,
+    /// Nonzero: the generator restarts at (seed, 0).
+    pub reseed: i32,
+    pub pad: i32,
+}
+
+const LOAD_SAMPLING_THREADS: u32 = 256;
+
+/// What a Stepper was built for (its constructor's checked arguments).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub max_batch: usize,
+    pub budget: usize,
+    pub depth: usize,
+    pub vocab: usize,
+    pub topk: Option<usize>,
+}
+
+/// Device addresses of the Stepper's static buffers. Each field's region is sized for the
+/// largest shape and a call uses its leading part, so the addresses never change.
+#[derive(Debug, Clone, Copy)]
+pub struct Buffers {
+    pub tree: TreePtrs,
+    pub scratch: Scratch,
+    pub acc: AcceptPtrs,
+    pub sampling: Sampling,
+    pub ring: ReadbackRing,
+    /// int64 `[max_batch, L+1]` and bool `[max_batch, Q]`: kept_slots' outputs.
+    pub kept: u64,
+    pub release: u64,
+}
+
+/// The shape of the last step: what accept and the commit calls work on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Round {
+    pub bs: usize,
+    pub depth: usize,
+    /// The draft's vocabulary: the target must score the same one.
+    pub vocab: usize,
+    pub k: usize,
+    pub budget: usize,
+}
+
+impl Round {
+    pub fn q(&self) -> usize {
+        self.budget + 1
+    }
+    pub fn path_len(&self) -> usize {
+        self.depth + 1
+    }
+}
+
+pub struct Engine {
+    pub ordinal: usize,
+    pub limits: Limits,
+    bufs: Buffers,
+    last: Option<Round>,
+}
+
+impl Engine {
+    pub fn new(ordinal: usize, limits: Limits, bufs: Buffers) -> Self {
+        Self {
+            ordinal,
+            limits,
+            bufs,
+            last: None,
+        }
+    }
+
+    /// The last step's shape, if any.
+    pub fn last(&self) -> Option<Round> {
+        self.last
+    }
+
+    /// Makes `r` the current round again: a replayed graph rewrote the buffers for it.
+    pub fn resume(&mut self, r: Round) {
+        self.last = Some(r);
+    }
+
+    /// The round a step with draft logits of `shape` builds, or the error naming the
+    /// argument (the Stepper's limits; the kernels' own limits are checked at launch).
+    pub fn plan_step(&self, shape: [usize; 3]) -> Result<Round, CudaError> {
+        let [bs, depth, vocab] = shape;
+        let l = &self.limits;
+        let arg = |m: String| Err(CudaError::arg(m));
+        if shape.contains(&0) {
+            let what = ["batch size", "depth L", "vocabulary V"]
+                [shape.iter().position(|&d| d == 0).unwrap_or(0)];
+            return arg(format!(
+                "draft_logits: {what} must be ≥ 1, got shape ({bs}, {depth}, {vocab})"
+            ));
+        }
+        if depth > l.depth {
+            return arg(format!(
+                "draft_logits: depth L = {depth} exceeds the limit {}",
+                l.depth
+            ));
+        }
+        if bs > l.max_batch {
+            return arg(format!(
+                "draft_logits: batch size {bs} exceeds max_batch={}",
+                l.max_batch
+            ));
+        }
+        if vocab > l.vocab {
+            return arg(format!(
+                "draft_logits: vocabulary {vocab} exceeds vocab={}",
+                l.vocab
+            ));
+        }
+        // SPEC's K = min(B, V, topk cap).
+        let k = l.budget.min(vocab).min(l.topk.unwrap_or(l.budget));
+        Ok(Round {
+            bs,
+            depth,
+            vocab,
+            k,
+            budget: l.budget,
+        })
+    }
+
+    /// Checks target logits of `shape` against the last step's tree.
+    pub fn plan_accept(&self, shape: [usize; 3]) -> Result<Round, CudaError> {
+        let Some(r) = self.last else {
+            return Err(CudaError::arg("Stepper.accept: call step() first".into()));
+        };
+        if shape[0] != r.bs || shape[1] != r.q() {
+            return Err(CudaError::arg(format!(
+                "target_logits: shape must be [{}, {}, V] for this tree, got {shape:?}",
+                r.bs,
+                r.q()
+            )));
+        }
+        if shape[2] != r.vocab {
+            return Err(CudaError::arg(format!(
+                "target_logits: vocabulary V = {} differs from the draft's V = {} (the \
+                 draft_logits of the last step())",
+                shape[2], r.vocab
+            )));
+        }
+        Ok(r)
+    }
+
+    /// SPEC stages 1–3 into the static tree buffers.
+    ///
+    /// # Safety
+    /// `logits`, `roots` and `prefix` address live device tensors of the stated shapes
+    /// (int64 `[bs]` for the last two) on this engine's device, and the buffers are alive.
+    pub unsafe fn step(
+        &mut self,
+        stream: u64,
+        logits: Logits,
+        roots: u64,
+        prefix: u64,
+    ) -> Result<Round, CudaError> {
+        let r = self.plan_step(logits.shape)?;
+        let shape = BuildShape {
+            bs: r.bs,
+            depth: r.depth,
+            vocab: r.vocab,
+            budget: r.budget,
+            k: r.k,
+        };
+        shape.check()?;
+        let (b, k) = (r.budget, r.k);
+        build_tree(
+            self.ordinal,
+            stream,
+            logits,
+            roots,
+            prefix,
+            b,
+            k,
+            self.bufs.tree,
+            self.bufs.scratch,
+            ALL_STAGES,
+        )?;
+        self.last = Some(r);
+        Ok(r)
+    }
+
+    /// SPEC stage 4 for the last step's tree, greedy or (`sampled`) from the sampling
+    /// state's per-request parameters; `publish` also stores the acceptance into the
+    /// readback ring.
+    ///
+    /// # Safety
+    /// `target` addresses live device logits on this engine's device.
+    pub unsafe fn accept(
+        &self,
+        stream: u64,
+        target: Logits,
+        sampled: bool,
+        publish: bool,
+    ) -> Result<Round, CudaError> {
+        let r = self.plan_accept(target.shape)?;
+        let t = &self.bufs.tree;
+        let links = WalkTree {
+            verify_ids: t.verify_ids,
+            first_child: t.first_child,
+            next_sibling: t.next_sibling,
+        };
+        let sampling = sampled.then_some(self.bufs.sampling);
+        accept_tree(
+            self.ordinal,
+            stream,
+            target,
+            r.path_len(),
+            links,
+            self.bufs.acc,
+            sampling,
+        )?;
+        if publish {
+            self.publish(stream)?;
+        }
+        Ok(r)
+    }
+
+    /// Writes scalar sampling parameters (temperature, top_k, top_p) for the last step's
+    /// requests and/or (`seed`) restarts the generator, in one launch.
+    ///
+    /// # Safety
+    /// The buffers are alive.
+    pub unsafe fn load_sampling(
+        &self,
+        stream: u64,
+        params: Option<(f32, i32, f32)>,
+        seed: Option<i64>,
+    ) -> Result<(), CudaError> {
+        let r = self.round("accept")?;
+        let s = &self.bufs.sampling;
+        let (t, k, p) = params.unwrap_or_default();
+        let a = SamplingLoad {
+            temperature: s.temperature,
+            top_k: s.top_k,
+            top_p: s.top_p,
+            rng: s.rng,
+            seed: seed.unwrap_or(0),
+            t,
+            k,
+            p,
+            bs: if params.is_some() { r.bs as i32 } else { 0 },
+            reseed: i32::from(seed.is_some()),
+            pad: 0,
+        };
+        let (dev, _ctx) = enter_device(self.ordinal)?;
+        let mut args = Params::new();
+        args.arg(&a);
+        launch(
+            "cuLaunchKernel(load_sampling)",
+            dev.load_sampling,
+            (1, 1, 1),
+            LOAD_SAMPLING_THREADS,
+            0,
+            stream as CUstream,
+            &mut args,
+        )
+    }
+
+    /// Stores the last acceptance into the readback ring's next slot.
+    ///
+    /// # Safety
+    /// The buffers are alive and an accept ran on `stream` (or before it) for this round.
+    pub unsafe fn publish(&self, stream: u64) -> Result<(), CudaError> {
+        let r = self.round("publish")?;
+        let a = &self.bufs.acc;
+        let src = ReadbackSrc {
+            accept_len: a.accept_len,
+            bonus: a.bonus,
+            accepted_tokens: a.accepted_tokens,
+            status: a.status,
+            bs: r.bs as i32,
+            path_len: r.path_len() as i32,
+        };
+        readback(self.ordinal, stream, self.bufs.ring, src)
+    }
+
+    /// SPEC stage 5's kept slots and release mask for the last acceptance, from the verify
+    /// window `[bs, Q]` (int64), into the static outputs (contiguous for this shape).
+    ///
+    /// # Safety
+    /// `window` addresses a live int64 `[bs, Q]` device tensor.
+    pub unsafe fn kept_slots(
+        &self,
+        stream: u64,
+        window: u64,
+        num_slots: Option<usize>,
+    ) -> Result<Round, CudaError> {
+        let r = self.round("kept_slots")?;
+        let path = CommitPath {
+            bs: r.bs,
+            q: r.q(),
+            path_len: r.path_len(),
+            accepted_nodes: self.bufs.acc.accepted_nodes,
+            status: self.bufs.acc.status,
+        };
+        kept_slots(
+            self.ordinal,
+            stream,
+            path,
+            window,
+            num_slots,
+            self.bufs.kept,
+            self.bufs.release,
+        )?;
+        Ok(r)
+    }
+
+    fn round(&self, what: &str) -> Result<Round, CudaError> {
+        self.last
+            .ok_or_else(|| CudaError::arg(format!("Stepper.{what}: call step() first")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn engine(topk: Option<usize>) -> Engine {
+        let tree = TreePtrs {
+            verify_ids: 0,
+            positions: 0,
+            depths: 0,
+            parents: 0,
+            first_child: 0,
+            next_sibling: 0,
+            ancestor_bits: 0,
+            scores: 0,
+            num_nodes: 0,
+            topk_logprobs: 0,
+            topk_ids: 0,
+            status: 0,
+        };
+        let bufs = Buffers {
+            tree,
+            scratch: Scratch {
+                eligible: 0,
+                bad: 0,
+                stats: 0,
+            },
+            acc: AcceptPtrs {
+                accepted_nodes: 0,
+                accepted_tokens: 0,
+                accept_index: 0,
+                accept_len: 0,
+                bonus: 0,
+                status: 0,
+            },
+            sampling: Sampling {
+                temperature: 0,
+                top_k: 0,
+                top_p: 0,
+                rng: 0,
+            },
+            ring: ReadbackRing {
+                slots: 0,
+                cursor: 0,
+                slot_words: 0,
+                nslots: 4,
+            },
+            kept: 0,
+            release: 0,
+        };
+        let limits = Limits {
+            max_batch: 8,
+            budget: 63,
+            depth: 6,
+            vocab: 1000,
+            topk,
+        };
+        Engine::new(0, limits, bufs)
+    }
+
+    fn msg(e: CudaError) -> String {
+        e.to_string()
+    }
+
+    #[test]
+    fn sampling_load_has_the_kernels_layout() {
+        // The same numbers as the static_assert in sample.cuh.
+        assert_eq!(std::mem::size_of::<SamplingLoad>(), 64);
+        assert_eq!(std::mem::offset_of!(SamplingLoad, seed), 32);
+        assert_eq!(std::mem::offset_of!(SamplingLoad, bs), 52);
+        assert_eq!(std::mem::offset_of!(SamplingLoad, reseed), 56);
+    }
+
+    #[test]
+    fn a_step_plans_k_from_the_budget_the_vocabulary_and_the_cap() {
+        let e = engine(None);
+        assert_eq!(e.plan_step([8, 6, 1000]).unwrap().k, 63);
+        assert_eq!(e.plan_step([2, 1, 40]).unwrap().k, 40);
+        assert_eq!(engine(Some(5)).plan_step([2, 3, 1000]).unwrap().k, 5);
+        let r = e.plan_step([3, 4, 900]).unwrap();
+        assert_eq!((r.q(), r.path_len()), (64, 5));
+    }
+
+    #[test]
+    fn a_step_outside_the_limits_names_draft_logits() {
+        let e = engine(None);
+        for (shape, want) in [
+            ([9, 6, 1000], "batch size 9 exceeds max_batch=8"),
+            ([8, 7, 1000], "depth L = 7 exceeds the limit 6"),
+            ([8, 6, 1001], "vocabulary 1001 exceeds vocab=1000"),
+            ([0, 6, 1000], "batch size must be ≥ 1"),
+            ([8, 6, 0], "vocabulary V must be ≥ 1"),
+        ] {
+            let m = msg(e.plan_step(shape).unwrap_err());
+            assert!(m.starts_with("draft_logits: ") && m.contains(want), "{m}");
+        }
+    }
+
+    #[test]
+    fn accept_needs_a_step_and_a_target_of_the_trees_shape_and_vocabulary() {
+        let mut e = engine(None);
+        assert!(msg(e.plan_accept([1, 64, 1000]).unwrap_err()).contains("call step() first"));
+        assert!(msg(e.publish_round_error()).contains("Stepper.publish: call step() first"));
+        e.last = Some(e.plan_step([3, 4, 900]).unwrap());
+        assert_eq!(e.plan_accept([3, 64, 900]).unwrap().bs, 3);
+        let m = msg(e.plan_accept([3, 63, 900]).unwrap_err());
+        assert!(
+            m.starts_with("target_logits: shape must be [3, 64, V]"),
+            "{m}"
+        );
+        let m = msg(e.plan_accept([3, 64, 1000]).unwrap_err());
+        assert!(
+            m.contains("V = 1000 differs from the draft's V = 900"),
+            "{m}"
+        );
+    }
+
+    impl Engine {
+        fn publish_round_error(&self) -> CudaError {
+            self.round("publish").unwrap_err()
+        }
+    }
+}

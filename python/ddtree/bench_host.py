@@ -1,0 +1,88 @@
+"""Host time per eager ``Stepper`` call on CUDA (``python -m ddtree bench --host``).
+
+The GPU runs behind: each figure is the wall time the calling thread spends in one call
+(argument checks, the Rust seam, the kernel launches), the median of ``--repeats`` runs of
+``--calls`` back-to-back calls. The yardstick measured in the same run is one small torch
+op launched with ``out=`` (the host cost of a single PyTorch kernel launch): a call's ratio
+to it says how many bare launches its host time is worth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from .stepper import Stepper
+
+
+def per_call_us(fn, calls: int, repeats: int) -> float:
+    """Median over ``repeats`` of the host µs per call of ``calls`` back-to-back calls."""
+    fn()
+    torch.cuda.synchronize()
+    runs = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        runs.append((time.perf_counter() - t0) / calls * 1e6)
+        torch.cuda.synchronize()  # the queue drains between runs, never inside one
+    return statistics.median(runs)
+
+
+def measure(bs: int, budget: int, depth: int, vocab: int, calls: int, repeats: int) -> list:
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(0)
+    x = torch.randn(bs, depth, vocab, device=dev, generator=g).to(torch.bfloat16)
+    roots = torch.randint(0, vocab, (bs,), device=dev, generator=g)
+    prefix = torch.randint(0, 4000, (bs,), device=dev, generator=g)
+    stepper = Stepper(max_batch=bs, budget=budget, depth=depth, vocab=vocab, device=dev)
+    tree = stepper.step(x, roots, prefix)
+    target = torch.randn(bs, tree.width, vocab, device=dev, generator=g).to(torch.bfloat16)
+    window = torch.arange(bs * tree.width, device=dev).view(bs, tree.width)
+    temps = torch.full((bs,), 0.8, device=dev)
+    a, b, c = (torch.ones(16, device=dev) for _ in range(3))
+    cases = [
+        ("torch.add(out=) [yardstick]", lambda: torch.add(a, b, out=c)),
+        ("Stepper.step", lambda: stepper.step(x, roots, prefix)),
+        ("Stepper.accept greedy", lambda: stepper.accept(target)),
+        ("Stepper.accept greedy, no readback", lambda: stepper.accept(target, readback=False)),
+        ("Stepper.accept T=0.8 (scalar)", lambda: stepper.accept(target, 0.8, readback=False)),
+        ("Stepper.accept T tensor", lambda: stepper.accept(target, temps, readback=False)),
+        ("Stepper.kept_slots", lambda: stepper.kept_slots(window)),
+    ]
+    rows = [(name, per_call_us(fn, calls, repeats)) for name, fn in cases]
+    stepper.close()
+    return rows
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bs", type=int, default=64)
+    p.add_argument("--budget", type=int, default=255)
+    p.add_argument("--depth", type=int, default=15)
+    p.add_argument("--vocab", type=int, default=151936)
+    p.add_argument("--calls", type=int, default=200)
+    p.add_argument("--repeats", type=int, default=15)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ddtree bench --host", description=__doc__)
+    add_arguments(p)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench --host: needs a CUDA GPU (host time of the CUDA path); none here")
+        return 2
+    rows = measure(args.bs, args.budget, args.depth, args.vocab, args.calls, args.repeats)
+    floor = rows[0][1]
+    print(
+        f"# ddtree host bench, {time.strftime('%Y-%m-%dT%H:%M:%S')}, "
+        f"{torch.cuda.get_device_name()}, torch {torch.__version__}, bs={args.bs} "
+        f"B={args.budget} L={args.depth} V={args.vocab}"
+    )
+    print("call | host µs | / torch op")
+    print("---|---|---")
+    for name, us in rows:
+        print(f"{name} | {us:.1f} | {us / floor:.1f}")
+    return 0

@@ -1,0 +1,211 @@
+"""The CUDA Stepper's Rust engine (``_core.CudaEngine``): the arguments it checks raise the
+same exception, with the same message, as the CPU Stepper's Python checks, before any
+launch and with nothing written; strided index vectors; a replayed graph's round is the
+one the commit calls then use. Marked `gpu`: skipped without CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ddtree
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+BS, BUDGET, DEPTH, V = 4, 15, 3, 500
+
+
+def steppers():
+    return {
+        dev: ddtree.Stepper(max_batch=BS, budget=BUDGET, depth=DEPTH, vocab=V, device=dev)
+        for dev in ("cpu", "cuda")
+    }
+
+
+def inputs(dev, bs=BS, depth=DEPTH, vocab=V, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(bs, depth, vocab, generator=g).to(dtype)
+    roots = torch.randint(0, vocab, (bs,), generator=g)
+    prefix = torch.randint(0, 50, (bs,), generator=g)
+    return x.to(dev), roots.to(dev), prefix.to(dev)
+
+
+def bad_steps(dev):
+    x, roots, prefix = inputs(dev)
+    return {
+        "int logits": (x.long(), roots, prefix),
+        "2-D logits": (x[:, 0], roots, prefix),
+        "too deep": (inputs(dev, depth=DEPTH + 1)[0], roots, prefix),
+        "batch too big": (inputs(dev, bs=BS + 1)[0], torch.cat([roots, roots[:1]]), prefix),
+        "vocab too big": (inputs(dev, vocab=V + 1)[0], roots, prefix),
+        "empty vocab": (x[:, :, :0], roots, prefix),
+        "logits not a tensor": (x.tolist(), roots, prefix),
+        "int32 roots": (x, roots.int(), prefix),
+        "short roots": (x, roots[:2], prefix),
+        "2-D prefix": (x, roots, prefix.view(2, 2)),
+        "prefix not a tensor": (x, roots, "12"),
+    }
+
+
+def outcome(fn):
+    try:
+        fn()
+    except (TypeError, ValueError, RuntimeError) as e:
+        return type(e).__name__, str(e)
+    return None
+
+
+def snapshot(stepper) -> list[torch.Tensor]:
+    return [b.clone() for b in stepper._tree_bufs.blocks.values()] + [
+        b.clone() for b in stepper._acc_bufs.blocks.values()
+    ]
+
+
+def same(a, b) -> bool:
+    return all(torch.equal(x.cpu(), y.cpu()) for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize("case", list(bad_steps("cpu")))
+def test_a_bad_step_raises_what_the_cpu_stepper_raises_and_writes_nothing(case):
+    s = steppers()
+    for dev, stepper in s.items():
+        stepper.step(*inputs(dev, seed=1))
+    before = snapshot(s["cuda"])
+    got = {dev: outcome(lambda dev=dev: s[dev].step(*bad_steps(dev)[case])) for dev in s}
+    assert got["cuda"] is not None, "the CUDA Stepper accepted it"
+    assert got["cuda"] == got["cpu"]
+    torch.cuda.synchronize()
+    assert same(before, snapshot(s["cuda"]))
+
+
+def bad_targets(dev, tree):
+    t = torch.randn(BS, tree.width, V - 7).to(dev)  # the good shape: the draft's V
+    return {
+        "other vocabulary": torch.randn(BS, tree.width, V).to(dev),
+        "fewer nodes": t[:, :-1],
+        "fewer requests": t[:-1],
+        "fp64": t.double(),
+        "not a tensor": 3.0,
+    }
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("case", ["other vocabulary", "fewer nodes", "fewer requests", "fp64",
+                                  "not a tensor"])  # fmt: skip
+def test_a_bad_target_raises_what_the_cpu_stepper_raises_and_writes_nothing(case, sampled):
+    s = steppers()
+    trees = {dev: s[dev].step(*inputs(dev, vocab=V - 7, seed=2)) for dev in s}
+    for dev in s:
+        s[dev].accept(torch.randn(BS, trees[dev].width, V - 7).to(dev))
+    temperature = 0.9 if sampled else None
+    sampling_before = s["cuda"]._sampling.temperature.clone()
+    before = snapshot(s["cuda"])
+    got = {
+        dev: outcome(lambda dev=dev: s[dev].accept(bad_targets(dev, trees[dev])[case], temperature))
+        for dev in s
+    }
+    assert got["cuda"] is not None
+    assert got["cuda"] == got["cpu"]
+    torch.cuda.synchronize()
+    assert same(before, snapshot(s["cuda"]))
+    assert torch.equal(sampling_before, s["cuda"]._sampling.temperature)
+
+
+def test_inputs_on_another_device_are_named():
+    stepper = steppers()["cuda"]
+    x, roots, prefix = inputs("cuda")
+    for args, name in (
+        ((x.cpu(), roots, prefix), "draft_logits"),
+        ((x, roots.cpu(), prefix), "root_tokens"),
+        ((x, roots, prefix.cpu()), "prefix_lens"),
+    ):
+        with pytest.raises(ValueError, match=f"^{name}: is on cpu, the other inputs are on cuda"):
+            stepper.step(*args)
+
+
+def test_strided_and_list_index_vectors_build_the_same_tree():
+    stepper = steppers()["cuda"]
+    x, roots, prefix = inputs("cuda", seed=3)
+    want = {k: v.clone() for k, v in vars(stepper.step(x, roots, prefix)).items()}
+    wide = torch.stack([roots, roots * 0 - 1], dim=1)[:, 0]  # stride 2
+    assert wide.stride(0) == 2
+    for r, p in ((wide, prefix), (roots.tolist(), prefix.tolist())):
+        tree = stepper.step(x, r, p)
+        for name, value in want.items():
+            assert torch.equal(getattr(tree, name), value), name
+
+
+def test_commit_calls_after_a_replay_use_the_replayed_round():
+    stepper = ddtree.Stepper(max_batch=4, budget=BUDGET, depth=DEPTH, vocab=V, device="cuda")
+    graphs = {}
+    for bs in (2, 4):
+        x, roots, prefix = inputs("cuda", bs=bs, seed=bs)
+        target = torch.randn(bs, BUDGET + 1, V, device="cuda")
+        graphs[bs] = (x, roots, prefix, target)
+        stepper.capture(x, roots, prefix, lambda tree, t=target: t)
+    window = torch.arange(2 * (BUDGET + 1), device="cuda").view(2, BUDGET + 1)
+    stepper.replay(2)
+    kept, release = (t.clone() for t in stepper.kept_slots(window))
+    assert kept.shape == (2, DEPTH + 1)
+    # The same round, eager: identical kept slots.
+    x, roots, prefix, target = graphs[2]
+    stepper.step(x, roots, prefix)
+    stepper.accept(target)
+    want_kept, want_release = stepper.kept_slots(window)
+    assert torch.equal(kept, want_kept) and torch.equal(release, want_release)
+
+
+def bad_windows(dev, q):
+    w = torch.arange(BS * q).view(BS, q).to(dev)
+    return {
+        "int32": w.int(),
+        "other Q": w[:, :-1].contiguous(),
+        "fewer requests": w[:-1],
+        "strided": torch.arange(BS * q * 2).view(BS, 2 * q).to(dev)[:, ::2],
+        "1-D": w.view(-1),
+        "not a tensor": w.tolist(),
+    }
+
+
+@pytest.mark.parametrize("case", list(bad_windows("cpu", BUDGET + 1)))
+def test_a_bad_window_raises_what_the_cpu_stepper_raises(case):
+    s = steppers()
+    for dev, stepper in s.items():
+        tree = stepper.step(*inputs(dev, seed=4))
+        stepper.accept(torch.randn(BS, tree.width, V).to(dev))
+    got = {dev: outcome(lambda dev=dev: s[dev].kept_slots(bad_windows(dev, BUDGET + 1)[case]))
+           for dev in s}  # fmt: skip
+    assert got["cuda"] is not None
+    assert got["cuda"] == got["cpu"]
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"temperature": 0.8},
+        {"temperature": 1.3, "top_k": 40},
+        {"temperature": 1.0, "top_k": 3, "top_p": 0.5},
+        {"temperature": 0.7, "top_p": 0.9},
+    ],
+    ids=str,
+)
+def test_scalar_sampling_loaded_in_one_launch_draws_what_accept_tree_draws(params):
+    # Stepper.accept loads scalar parameters and the seed with one kernel; the functional
+    # accept_tree fills a fresh sampling state with torch: the same draws, seed for seed.
+    stepper = steppers()["cuda"]
+    x, roots, prefix = inputs("cuda", seed=5)
+    tree = stepper.step(x, roots, prefix)
+    target = torch.randn(BS, tree.width, V, device="cuda") * 3
+    for seed in range(6):
+        want = ddtree.accept_tree(tree, target, generator=seed, **params)
+        got = stepper.accept(target, generator=seed, **params)
+        for name in ("accepted_nodes", "accept_len", "bonus"):
+            assert torch.equal(getattr(got, name), getattr(want, name)), (seed, name)
+    # The seed restarted the generator at (seed, 0) and the accept advanced it; without a
+    # generator the state carries on.
+    assert stepper._sampling.rng.tolist() == [5, 1]
+    stepper.accept(target, **params)
+    assert stepper._sampling.rng.tolist() == [5, 2]
