@@ -4,16 +4,18 @@
 // (include/ddtree/select.cuh) on the same shared memory. Both give SPEC's order exactly.
 // Also decides each request's status (status.h: NaN/+inf draft logits, a root token outside
 // the vocabulary, a negative prefix length); a rejected request gets the root only.
+#include "ddtree/params.h"
 #include "ddtree/select_parallel.cuh"
 
 extern "C" __global__ void __launch_bounds__(ddtree::kSelectThreads, 1)
-    ddtree_select(float* __restrict__ lp, long long* __restrict__ ti,
-                  const int* __restrict__ eligible, const int* __restrict__ bad,
-                  const long long* __restrict__ roots, const long long* __restrict__ prefix,
-                  int L, int K, int V, int budget, int cache_lp, int best_first,
-                  long long* verify_ids, long long* depths, long long* parents,
-                  long long* first_child, long long* next_sibling, double* scores,
-                  long long* num_nodes, int* status, long long* stats) {
+    ddtree_select(const __grid_constant__ ddtree::BuildParams p) {
+  float* __restrict__ lp = p.topk_logprobs;
+  long long* __restrict__ ti = p.topk_ids;
+  const int* __restrict__ eligible = p.eligible;
+  const int* __restrict__ bad = p.bad;
+  const long long* __restrict__ roots = p.roots;
+  const long long* __restrict__ prefix = p.prefix;
+  const int L = p.L, K = p.K, V = p.V, budget = p.budget;
   extern __shared__ __align__(16) char smem[];
   __shared__ int s_eligible[ddtree::kMaxSelectDepth];
   __shared__ ddtree::BlockScratch bs;
@@ -29,17 +31,17 @@ extern "C" __global__ void __launch_bounds__(ddtree::kSelectThreads, 1)
   __syncthreads();
   const long long row = static_cast<long long>(b) * q;
   const long long cand = static_cast<long long>(b) * L * K;
-  ddtree::SelectOut out{verify_ids + row,  depths + row,       parents + row,
-                        first_child + row, next_sibling + row, scores + row};
+  ddtree::SelectOut out{p.verify_ids + row,  p.depths + row,       p.parents + row,
+                        p.first_child + row, p.next_sibling + row, p.scores + row};
   int n = -1;
-  if (code == 0 && !best_first)
+  if (code == 0 && !p.best_first)
     n = ddtree::select_parallel(lp + cand, ti + cand, s_eligible, L, K, budget, out,
                                 ddtree::Store::carve(smem), bs);
   if (n < 0) {
     __syncthreads();  // the parallel attempt's shared memory is reused
     if (threadIdx.x == 0) bs.stat[ddtree::kStatPath] = 2;
     if (threadIdx.x < ddtree::kWarp) {
-      ddtree::SelectSmem s = ddtree::SelectSmem::carve(smem, budget, L, K, cache_lp != 0);
+      ddtree::SelectSmem s = ddtree::SelectSmem::carve(smem, budget, L, K, p.cache_lp != 0);
       n = ddtree::select_request(lp + cand, ti + cand, eligible + b * L, L, K, budget,
                                  code != 0, out, s);
     }
@@ -52,11 +54,11 @@ extern "C" __global__ void __launch_bounds__(ddtree::kSelectThreads, 1)
     }
   }
   if (threadIdx.x == 0) {
-    num_nodes[b] = n;
-    status[b] = code;
+    p.num_nodes[b] = n;
+    p.status[b] = code;
   }
   __syncthreads();
-  if (stats != nullptr)  // diagnostics only (null on every real build)
+  if (p.stats != nullptr)  // diagnostics only (null on every real build)
     for (int i = threadIdx.x; i < ddtree::kStatSlots; i += blockDim.x)
-      stats[b * ddtree::kStatSlots + i] = bs.stat[i];
+      p.stats[b * ddtree::kStatSlots + i] = bs.stat[i];
 }

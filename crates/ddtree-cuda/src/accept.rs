@@ -2,7 +2,8 @@
 //! blocks per request (`kernels/accept.cu`).
 
 use crate::device::enter_device;
-use crate::{launch, CudaError, Dtype, Logits, Params};
+use crate::params::AcceptParams;
+use crate::{launch_params, CudaError, Dtype, Logits};
 use cudarc::driver::sys::CUstream;
 
 /// Threads per block of the accept kernel (`kAcceptThreads`).
@@ -75,9 +76,7 @@ pub unsafe fn accept_tree(
         Dtype::Bf16 => 2,
     }];
     let [s0, s1, s2] = target.strides;
-    let (v, qq, pl) = (vocab as i32, q as i32, path_len as i32);
     let cache = sampling.map_or(0, |_| slice_cache_bytes(vocab, target.dtype));
-    let cache_slice = i32::from(cache > 0);
     let links = if q <= LINK_CAP { 12 * q } else { 0 };
     let s = sampling.unwrap_or(Sampling {
         temperature: 0,
@@ -85,50 +84,49 @@ pub unsafe fn accept_tree(
         top_p: 0,
         rng: 0,
     });
-    let mut p = Params::new();
-    p.arg(&target.ptr)
-        .arg(&s0)
-        .arg(&s1)
-        .arg(&s2)
-        .arg(&v)
-        .arg(&qq)
-        .arg(&pl);
-    p.arg(&tree.verify_ids)
-        .arg(&tree.first_child)
-        .arg(&tree.next_sibling);
-    p.arg(&out.accepted_nodes)
-        .arg(&out.accepted_tokens)
-        .arg(&out.accept_index)
-        .arg(&out.accept_len)
-        .arg(&out.bonus)
-        .arg(&out.status);
-    p.arg(&s.temperature)
-        .arg(&s.top_k)
-        .arg(&s.top_p)
-        .arg(&s.rng)
-        .arg(&cache_slice);
+    let p = AcceptParams {
+        logits: target.ptr,
+        s0,
+        s1,
+        s2,
+        verify_ids: tree.verify_ids,
+        first_child: tree.first_child,
+        next_sibling: tree.next_sibling,
+        accepted_nodes: out.accepted_nodes,
+        accepted_tokens: out.accepted_tokens,
+        accept_index: out.accept_index,
+        accept_len: out.accept_len,
+        bonus: out.bonus,
+        status: out.status,
+        temperature: s.temperature,
+        top_k: s.top_k,
+        top_p: s.top_p,
+        rng: s.rng,
+        v: vocab as i32,
+        q: q as i32,
+        path_len: path_len as i32,
+        cache_slice: i32::from(cache > 0),
+    };
     let stream = stream as CUstream;
     let grid = (bs as u32 * ACCEPT_CLUSTER, 1, 1);
-    launch(
+    launch_params(
         "cuLaunchKernel(accept)",
         f,
         grid,
         ACCEPT_THREADS,
         cache + links,
         stream,
-        &mut p,
+        &p,
     )?;
-    if let Some(s) = sampling {
-        let mut p = Params::new();
-        p.arg(&s.rng);
-        launch(
+    if sampling.is_some() {
+        launch_params(
             "cuLaunchKernel(advance_rng)",
             dev.advance_rng,
             (1, 1, 1),
             1,
             0,
             stream,
-            &mut p,
+            &p,
         )?;
     }
     Ok(())

@@ -3,7 +3,8 @@
 
 use crate::device::enter_device;
 use crate::launch::MAX_DEPTH;
-use crate::{launch, CudaError, Params};
+use crate::params::CommitParams;
+use crate::{launch_params, CudaError};
 use cudarc::driver::sys::CUstream;
 
 /// The accepted paths and the verify window they index.
@@ -16,6 +17,19 @@ pub struct CommitPath {
     pub accepted_nodes: u64,
     /// int32 `[bs]`: the acceptance's status, where a bad index's code is recorded.
     pub status: u64,
+}
+
+impl CommitPath {
+    /// The fields every commit launch shares: the paths and the status.
+    fn params(&self) -> CommitParams {
+        CommitParams {
+            nodes: self.accepted_nodes,
+            status: self.status,
+            q: self.q as i32,
+            path_len: self.path_len as i32,
+            ..Default::default()
+        }
+    }
 }
 
 const COMMIT_THREADS: u32 = 256;
@@ -39,26 +53,22 @@ pub unsafe fn kept_slots(
     release: u64,
 ) -> Result<(), CudaError> {
     let (dev, _ctx) = enter_device(ordinal)?;
-    let (q, pl) = (path.q as i32, path.path_len as i32);
-    let slots = slots.map_or(-1, |s| s as i64);
-    let mut p = Params::new();
-    p.arg(&window)
-        .arg(&path.accepted_nodes)
-        .arg(&q)
-        .arg(&pl)
-        .arg(&slots)
-        .arg(&kept)
-        .arg(&release)
-        .arg(&path.status);
+    let p = CommitParams {
+        window,
+        slots: slots.map_or(-1, |s| s as i64),
+        kept,
+        release,
+        ..path.params()
+    };
     let grid = (path.bs as u32, 1, 1);
-    launch(
+    launch_params(
         "cuLaunchKernel(kept_slots)",
         dev.kept_slots,
         grid,
         COMMIT_THREADS,
         0,
         stream as CUstream,
-        &mut p,
+        &p,
     )
 }
 
@@ -92,27 +102,23 @@ pub unsafe fn compact_kv(
         )));
     }
     let (dev, _ctx) = enter_device(ordinal)?;
-    let (rb, q, pl) = (row_bytes as i64, path.q as i32, path.path_len as i32);
-    let slots = slots as i64;
-    let mut p = Params::new();
-    p.arg(&buffers)
-        .arg(&rb)
-        .arg(&slots)
-        .arg(&window)
-        .arg(&path.accepted_nodes)
-        .arg(&q)
-        .arg(&pl)
-        .arg(&path.status);
+    let p = CommitParams {
+        buffers,
+        row_bytes: row_bytes as i64,
+        slots: slots as i64,
+        window,
+        ..path.params()
+    };
     let chunks = row_bytes.div_ceil(COMPACT_CHUNK);
     let grid = (path.bs as u32, count as u32, chunks as u32);
-    launch(
+    launch_params(
         "cuLaunchKernel(compact_kv)",
         dev.compact_kv,
         grid,
         COMMIT_THREADS,
         0,
         stream as CUstream,
-        &mut p,
+        &p,
     )
 }
 
@@ -131,23 +137,20 @@ pub unsafe fn gather_hidden(
     out: u64,
 ) -> Result<(), CudaError> {
     let (dev, _ctx) = enter_device(ordinal)?;
-    let (rb, q, pl) = (row_bytes as i64, path.q as i32, path.path_len as i32);
-    let mut p = Params::new();
-    p.arg(&hidden)
-        .arg(&rb)
-        .arg(&path.accepted_nodes)
-        .arg(&q)
-        .arg(&pl)
-        .arg(&out)
-        .arg(&path.status);
+    let p = CommitParams {
+        hidden,
+        row_bytes: row_bytes as i64,
+        out,
+        ..path.params()
+    };
     let grid = (path.bs as u32, path.path_len as u32, 1);
-    launch(
+    launch_params(
         "cuLaunchKernel(gather_hidden)",
         dev.gather_hidden,
         grid,
         COMMIT_THREADS,
         0,
         stream as CUstream,
-        &mut p,
+        &p,
     )
 }

@@ -9,7 +9,7 @@ use crate::commit::{kept_slots, CommitPath};
 use crate::device::enter_device;
 use crate::launch::BuildShape;
 use crate::readback::{readback, ReadbackRing, ReadbackSrc};
-use crate::{build_tree, launch, CudaError, Logits, Params, Scratch, TreePtrs, ALL_STAGES};
+use crate::{build_tree, launch_params, CudaError, Logits, Scratch, TreePtrs, ALL_STAGES};
 use cudarc::driver::sys::CUstream;
 
 /// `kernels/include/ddtree/sample.cuh`'s `SamplingLoad`, by value (layout asserted on both
@@ -271,16 +271,14 @@ impl Engine {
             pad: 0,
         };
         let (dev, _ctx) = enter_device(self.ordinal)?;
-        let mut args = Params::new();
-        args.arg(&a);
-        launch(
+        launch_params(
             "cuLaunchKernel(load_sampling)",
             dev.load_sampling,
             (1, 1, 1),
             LOAD_SAMPLING_THREADS,
             0,
             stream as CUstream,
-            &mut args,
+            &a,
         )
     }
 

@@ -13,6 +13,7 @@ mod device;
 pub mod engine;
 pub mod fatbin;
 pub mod launch;
+pub mod params;
 pub mod readback;
 
 pub use accept::{accept_tree, AcceptPtrs, Sampling, WalkTree};
@@ -26,8 +27,9 @@ pub mod kernels {
 
 use cudarc::driver::result::{self, DriverError};
 use cudarc::driver::sys::{CUfunction, CUstream};
-use device::{device, enter_device, Device};
+use device::{device, enter_device};
 use launch::{BuildShape, CANDIDATE_THREADS, EMIT_THREADS};
+use params::{BuildParams, MaskParams};
 use std::ffi::c_void;
 use std::fmt;
 
@@ -206,146 +208,110 @@ pub unsafe fn build_tree(
         k,
     };
     shape.check()?;
+    let p = build_params(&shape, &logits, roots, prefix, &out, &scratch, stages);
     let (dev, _ctx) = enter_device(ordinal)?;
     let stream = stream as CUstream;
+    // Stage 1: one block per (request, depth) row; stages 2 and 3: one block per request.
     if stages & STAGE_CANDIDATES != 0 {
-        launch_candidates(&dev, stream, &shape, &logits, &out, &scratch)?;
+        let f = match logits.dtype {
+            Dtype::F32 => dev.candidates_f32,
+            Dtype::F16 => dev.candidates_f16,
+            Dtype::Bf16 => dev.candidates_bf16,
+        };
+        let grid = ((bs * depth) as u32, 1, 1);
+        launch_params(
+            "cuLaunchKernel(candidates)",
+            f,
+            grid,
+            CANDIDATE_THREADS,
+            launch::CANDIDATE_SMEM,
+            stream,
+            &p,
+        )?;
     }
     if stages & STAGE_SELECT != 0 {
-        let best_first = stages & SELECT_BEST_FIRST != 0;
-        launch_select(
-            &dev, stream, &shape, roots, prefix, &out, &scratch, best_first,
+        let smem = shape.select_smem().0;
+        let grid = (bs as u32, 1, 1);
+        launch_params(
+            "cuLaunchKernel(select)",
+            dev.select,
+            grid,
+            launch::SELECT_THREADS,
+            smem,
+            stream,
+            &p,
         )?;
     }
     if stages & STAGE_EMIT != 0 {
-        launch_emit(&dev, stream, &shape, roots, prefix, &out)?;
+        let grid = (bs as u32, 1, 1);
+        launch_params(
+            "cuLaunchKernel(emit)",
+            dev.emit,
+            grid,
+            EMIT_THREADS,
+            0,
+            stream,
+            &p,
+        )?;
     }
     Ok(())
 }
 
-/// Stage 1: one block per (request, depth) row.
-unsafe fn launch_candidates(
-    dev: &Device,
-    stream: CUstream,
+/// The one parameter struct of a build's three launches.
+fn build_params(
     shape: &BuildShape,
     logits: &Logits,
+    roots: u64,
+    prefix: u64,
     out: &TreePtrs,
     scratch: &Scratch,
-) -> Result<(), CudaError> {
-    let f = match logits.dtype {
-        Dtype::F32 => dev.candidates_f32,
-        Dtype::F16 => dev.candidates_f16,
-        Dtype::Bf16 => dev.candidates_bf16,
-    };
+    stages: u32,
+) -> BuildParams {
     let [s0, s1, s2] = logits.strides;
-    let (l, v, k) = (shape.depth as i32, shape.vocab as i32, shape.k as i32);
-    let mut p = Params::new();
-    p.arg(&logits.ptr)
-        .arg(&s0)
-        .arg(&s1)
-        .arg(&s2)
-        .arg(&l)
-        .arg(&v)
-        .arg(&k);
-    p.arg(&out.topk_logprobs)
-        .arg(&out.topk_ids)
-        .arg(&scratch.eligible)
-        .arg(&scratch.bad);
-    let grid = ((shape.bs * shape.depth) as u32, 1, 1);
-    launch(
-        "cuLaunchKernel(candidates)",
-        f,
-        grid,
-        CANDIDATE_THREADS,
-        launch::CANDIDATE_SMEM,
-        stream,
-        &mut p,
-    )
+    BuildParams {
+        logits: logits.ptr,
+        s0,
+        s1,
+        s2,
+        roots,
+        prefix,
+        topk_logprobs: out.topk_logprobs,
+        topk_ids: out.topk_ids,
+        eligible: scratch.eligible,
+        bad: scratch.bad,
+        verify_ids: out.verify_ids,
+        positions: out.positions,
+        depths: out.depths,
+        parents: out.parents,
+        first_child: out.first_child,
+        next_sibling: out.next_sibling,
+        scores: out.scores,
+        ancestor_bits: out.ancestor_bits,
+        num_nodes: out.num_nodes,
+        status: out.status,
+        stats: scratch.stats,
+        l: shape.depth as i32,
+        v: shape.vocab as i32,
+        k: shape.k as i32,
+        budget: shape.budget as i32,
+        cache_lp: i32::from(shape.select_smem().1),
+        best_first: i32::from(stages & SELECT_BEST_FIRST != 0),
+    }
 }
 
-/// Stage 2: one block per request.
-#[allow(clippy::too_many_arguments)]
-unsafe fn launch_select(
-    dev: &Device,
+/// Launches `f` with one parameter struct passed by value.
+pub(crate) unsafe fn launch_params<P>(
+    call: &'static str,
+    f: CUfunction,
+    grid: (u32, u32, u32),
+    block: u32,
+    smem: usize,
     stream: CUstream,
-    shape: &BuildShape,
-    roots: u64,
-    prefix: u64,
-    out: &TreePtrs,
-    scratch: &Scratch,
-    best_first: bool,
+    params: &P,
 ) -> Result<(), CudaError> {
-    let (smem, cache_lp) = shape.select_smem();
-    let (l, k, v, b) = (
-        shape.depth as i32,
-        shape.k as i32,
-        shape.vocab as i32,
-        shape.budget as i32,
-    );
-    let (cache, best_first) = (cache_lp as i32, best_first as i32);
     let mut p = Params::new();
-    p.arg(&out.topk_logprobs)
-        .arg(&out.topk_ids)
-        .arg(&scratch.eligible)
-        .arg(&scratch.bad);
-    p.arg(&roots)
-        .arg(&prefix)
-        .arg(&l)
-        .arg(&k)
-        .arg(&v)
-        .arg(&b)
-        .arg(&cache)
-        .arg(&best_first);
-    p.arg(&out.verify_ids)
-        .arg(&out.depths)
-        .arg(&out.parents)
-        .arg(&out.first_child);
-    p.arg(&out.next_sibling)
-        .arg(&out.scores)
-        .arg(&out.num_nodes)
-        .arg(&out.status)
-        .arg(&scratch.stats);
-    let grid = (shape.bs as u32, 1, 1);
-    launch(
-        "cuLaunchKernel(select)",
-        dev.select,
-        grid,
-        launch::SELECT_THREADS,
-        smem,
-        stream,
-        &mut p,
-    )
-}
-
-/// Stage 3: one block per request.
-unsafe fn launch_emit(
-    dev: &Device,
-    stream: CUstream,
-    shape: &BuildShape,
-    roots: u64,
-    prefix: u64,
-    out: &TreePtrs,
-) -> Result<(), CudaError> {
-    let b = shape.budget as i32;
-    let mut p = Params::new();
-    p.arg(&roots)
-        .arg(&prefix)
-        .arg(&b)
-        .arg(&out.depths)
-        .arg(&out.parents);
-    p.arg(&out.verify_ids)
-        .arg(&out.positions)
-        .arg(&out.ancestor_bits);
-    let grid = (shape.bs as u32, 1, 1);
-    launch(
-        "cuLaunchKernel(emit)",
-        dev.emit,
-        grid,
-        EMIT_THREADS,
-        0,
-        stream,
-        &mut p,
-    )
+    p.arg(params);
+    launch(call, f, grid, block, smem, stream, &mut p)
 }
 
 /// SGLang's flat FULL mask into `out` (bool, `out_len` elements), prefix columns only when
@@ -366,22 +332,23 @@ pub unsafe fn full_mask(
     out_len: usize,
 ) -> Result<(), CudaError> {
     let (dev, _ctx) = enter_device(ordinal)?;
-    let (qq, wp, len) = (q as i32, write_prefix as i32, out_len as i64);
-    let mut p = Params::new();
-    p.arg(&ancestor_bits)
-        .arg(&seq_lens)
-        .arg(&qq)
-        .arg(&wp)
-        .arg(&len)
-        .arg(&out);
-    launch(
+    let p = MaskParams {
+        ancestor_bits,
+        seq_lens,
+        out,
+        out_len: out_len as i64,
+        q: q as i32,
+        write_prefix: i32::from(write_prefix),
+    };
+    let grid = (bs as u32, q as u32, 1);
+    launch_params(
         "cuLaunchKernel(full_mask)",
         dev.full_mask,
-        (bs as u32, q as u32, 1),
+        grid,
         EMIT_THREADS,
         0,
         stream as CUstream,
-        &mut p,
+        &p,
     )
 }
 
