@@ -112,8 +112,8 @@ def best_first_tree(x, roots, prefix, budget, topk) -> ddtree.Tree:
     bs, depth, vocab = x.shape
     k = _api.k_of(budget, vocab, topk)
     tree = _buffers.new_tree(bs, depth, k, budget, x.device)
-    plan = _cuda.LaunchPlan.of(tree, _cuda.new_scratch(bs * depth, x.device))
-    _cuda.launch_build(plan, x, roots, prefix, budget, k, stages=7 | 8)
+    scratch = _cuda.new_scratch(bs * depth, x.device)
+    _cuda.launch_build(tree, scratch, x, roots, prefix, budget, k, stages=7 | 8)
     return tree
 
 

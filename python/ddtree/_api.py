@@ -19,7 +19,8 @@ def build_tree(draft_logits, root_tokens, prefix_lens, *, budget, topk=None) -> 
     k = k_of(budget, vocab, topk)
     tree = _buffers.new_tree(bs, depth, k, budget, x.device)
     if x.device.type == "cuda":
-        _cuda.build_into(tree, x, roots, prefix, budget, k, _cuda.new_scratch(bs * depth, x.device))
+        scratch = _cuda.new_scratch(bs * depth, x.device)
+        _cuda.launch_build(tree, scratch, x, roots, prefix, budget, k)
     else:
         _cpu.build_into(tree, x, roots, prefix, budget, topk)
     return tree
@@ -88,7 +89,7 @@ def cuda_accept_into(tree, t, acc, temperature, top_k, top_p, generator, state) 
     elif generator is not None:
         state.reseed(seed_of(generator))
     state.load(bs, temperature, top_k, top_p)
-    _cuda.accept_into(tree, t, acc, state.pointers())
+    _cuda.accept_into(tree, t, acc, state)
 
 
 def check_target(tree: Tree, target_logits, vocab: int | None = None) -> torch.Tensor:

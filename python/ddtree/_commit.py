@@ -21,17 +21,6 @@ NODE_OUT_OF_RANGE = _core.STATUS_NODE_OUT_OF_RANGE
 SLOT_OUT_OF_RANGE = _core.STATUS_SLOT_OUT_OF_RANGE
 
 
-def _path_arg(acc: Acceptance, q: int) -> dict:
-    """The acceptance's path and status pointers for a commit launch."""
-    return {
-        "bs": acc.batch_size,
-        "q": q,
-        "path_len": acc.path_len,
-        "accepted_nodes": acc.accepted_nodes.data_ptr(),
-        "status": acc.status.data_ptr(),
-    }
-
-
 def _node_codes(nodes: torch.Tensor, q: int) -> torch.Tensor:
     """CPU twin of the kernels' check_nodes: per request, NODE_OUT_OF_RANGE when a path
     entry is neither a node of [0, Q) nor trailing −1 padding, else 0 (int32 [bs])."""
@@ -94,7 +83,8 @@ def kept_slots(acc: Acceptance, out_cache_loc, *, kept=None, release=None, num_s
     if w.device.type == "cuda":
         _core.cuda_kept_slots(
             *_cuda.launch_on(w.device),
-            _path_arg(acc, q),
+            acc,
+            q,
             w.data_ptr(),
             num_slots,
             kept.data_ptr(),
@@ -165,7 +155,8 @@ def compact_kv(acc: Acceptance, out_cache_loc, caches) -> None:
     if w.device.type == "cuda":
         _core.cuda_compact_kv(
             *_cuda.launch_on(w.device),
-            _path_arg(acc, q),
+            acc,
+            q,
             w.data_ptr(),
             table.table.data_ptr(),
             len(table.caches),
@@ -213,7 +204,8 @@ def gather_hidden(acc: Acceptance, hidden, *, out=None) -> torch.Tensor:
     if hidden.device.type == "cuda":
         _core.cuda_gather_hidden(
             *_cuda.launch_on(hidden.device),
-            _path_arg(acc, q),
+            acc,
+            q,
             hidden.data_ptr(),
             _row_bytes("hidden", hidden),
             out.data_ptr(),

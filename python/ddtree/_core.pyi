@@ -1,10 +1,15 @@
 """Type stubs of the private extension module ``ddtree._core`` (the Rust CPU path).
 
-Every pointer is the ``data_ptr()`` of a live, already-validated CPU tensor; see
-``crates/ddtree-py/src/tensor.rs`` for the contract.
+Every pointer is the ``data_ptr()`` of a live, already-validated tensor; see
+``crates/ddtree-py/src/tensor.rs`` for the contract. A ``Tree``, an ``Acceptance`` or a
+``SamplingState`` is handed over whole: ``crates/ddtree-py/src/buffers.rs`` reads each
+field's ``data_ptr()``.
 """
 
 from torch import Tensor
+
+from ._sampling import SamplingState
+from ._types import Acceptance, Tree
 
 MAX_DEPTH: int
 MAX_BUDGET: int
@@ -24,7 +29,7 @@ def build_tree(
     prefix_lens: int,
     budget: int,
     topk: int | None,
-    out: dict[str, int],
+    out: Tree,
 ) -> int: ...
 def select_emit(
     eligible: int,
@@ -33,13 +38,14 @@ def select_emit(
     shape: list[int],
     budget: int,
     topk: int | None,
-    out: dict[str, int],
+    out: Tree,
 ) -> None: ...
-def accept_tokens(posterior_tokens: int, args: dict[str, int]) -> None: ...
-def accept_greedy(target_logits: TensorArg, args: dict[str, int]) -> None: ...
+def accept_tokens(posterior_tokens: int, tree: Tree, acc: Acceptance) -> None: ...
+def accept_greedy(target_logits: TensorArg, tree: Tree, acc: Acceptance) -> None: ...
 def accept_sampled(
     target_logits: TensorArg,
-    args: dict[str, int],
+    tree: Tree,
+    acc: Acceptance,
     temperature: int,
     top_k: int,
     top_p: int,
@@ -61,8 +67,8 @@ def cuda_build_tree(
     prefix_lens: int,
     budget: int,
     k: int,
-    out: dict[str, int],
-    scratch: dict[str, int],
+    out: Tree,
+    scratch: dict[str, Tensor],
     stages: int = 7,
 ) -> None: ...
 def cuda_full_mask(
@@ -82,15 +88,15 @@ def cuda_accept(
     device: int,
     stream: int,
     target_logits: TensorArg,
-    path_len: int,
-    tree: dict[str, int],
-    out: dict[str, int],
-    sampling: dict[str, int] | None = None,
+    tree: Tree,
+    acc: Acceptance,
+    sampling: SamplingState | None = None,
 ) -> None: ...
 def cuda_kept_slots(
     device: int,
     stream: int,
-    path: dict[str, int],
+    acc: Acceptance,
+    q: int,
     window: int,
     slots: int | None,
     kept: int,
@@ -99,7 +105,8 @@ def cuda_kept_slots(
 def cuda_compact_kv(
     device: int,
     stream: int,
-    path: dict[str, int],
+    acc: Acceptance,
+    q: int,
     window: int,
     buffers: int,
     count: int,
@@ -109,7 +116,8 @@ def cuda_compact_kv(
 def cuda_gather_hidden(
     device: int,
     stream: int,
-    path: dict[str, int],
+    acc: Acceptance,
+    q: int,
     hidden: int,
     row_bytes: int,
     out: int,
@@ -126,7 +134,12 @@ class CudaEngine:
         self,
         device: int,
         limits: tuple[int, int, int, int, int | None],
-        bufs: dict[str, int],
+        tree: Tree,
+        acc: Acceptance,
+        scratch: dict[str, Tensor],
+        sampling: SamplingState,
+        ring: tuple[int, int, int, int],
+        kept_release: tuple[Tensor, Tensor],
     ) -> None: ...
     def step(
         self, draft_logits: Tensor, root_tokens: Tensor, prefix_lens: Tensor

@@ -1,4 +1,6 @@
-"""The Rust CPU path: hands validated tensors to ``ddtree._core`` by pointer (no copies)."""
+"""The Rust CPU path: hands validated tensors to ``ddtree._core`` by pointer (no copies).
+A ``Tree`` or an ``Acceptance`` goes over whole: ``_core`` reads each field's ``data_ptr()``
+itself (``crates/ddtree-py/src/buffers.rs`` holds the field lists)."""
 
 from __future__ import annotations
 
@@ -6,21 +8,6 @@ import torch
 
 from . import _core
 from ._types import Acceptance, Tree
-
-TREE_FIELDS = (
-    "verify_ids",
-    "positions",
-    "depths",
-    "parents",
-    "first_child",
-    "next_sibling",
-    "ancestor_bits",
-    "scores",
-    "num_nodes",
-    "topk_logprobs",
-    "topk_ids",
-    "status",
-)
 
 
 def tensor_arg(t: torch.Tensor) -> dict:
@@ -35,14 +22,8 @@ def tensor_arg(t: torch.Tensor) -> dict:
 
 def build_into(tree: Tree, draft_logits, root_tokens, prefix_lens, budget: int, topk) -> None:
     """SPEC stages 1–3 into the (contiguous) tensors of ``tree``; the GIL is released."""
-    out = {name: getattr(tree, name).data_ptr() for name in TREE_FIELDS}
     _core.build_tree(
-        tensor_arg(draft_logits),
-        root_tokens.data_ptr(),
-        prefix_lens.data_ptr(),
-        budget,
-        topk,
-        out,
+        tensor_arg(draft_logits), root_tokens.data_ptr(), prefix_lens.data_ptr(), budget, topk, tree
     )
 
 
@@ -57,34 +38,17 @@ def select_emit(tree: Tree, eligible: torch.Tensor, root_tokens, prefix_lens, vo
         [bs, depth, vocab],
         tree.width - 1,
         k,
-        {name: getattr(tree, name).data_ptr() for name in TREE_FIELDS},
+        tree,
     )
 
 
 def accept_tokens_into(tree: Tree, posterior_tokens: torch.Tensor, acc: Acceptance) -> None:
     """SPEC stage 4 with one posterior token per node given (int64 ``[bs, Q]``)."""
-    _core.accept_tokens(posterior_tokens.data_ptr(), _accept_args(tree, acc))
-
-
-def _accept_args(tree: Tree, acc: Acceptance) -> dict:
-    return {
-        "bs": tree.batch_size,
-        "q": tree.width,
-        "width": acc.accepted_nodes.shape[1],
-        "verify_ids": tree.verify_ids.data_ptr(),
-        "first_child": tree.first_child.data_ptr(),
-        "next_sibling": tree.next_sibling.data_ptr(),
-        "accepted_nodes": acc.accepted_nodes.data_ptr(),
-        "accepted_tokens": acc.accepted_tokens.data_ptr(),
-        "accept_index": acc.accept_index.data_ptr(),
-        "accept_len": acc.accept_len.data_ptr(),
-        "bonus": acc.bonus.data_ptr(),
-        "status": acc.status.data_ptr(),
-    }
+    _core.accept_tokens(posterior_tokens.data_ptr(), tree, acc)
 
 
 def accept_greedy_into(tree: Tree, target_logits: torch.Tensor, acc: Acceptance) -> None:
-    _core.accept_greedy(tensor_arg(target_logits), _accept_args(tree, acc))
+    _core.accept_greedy(tensor_arg(target_logits), tree, acc)
 
 
 def accept_sampled_into(
@@ -93,7 +57,8 @@ def accept_sampled_into(
     temperature, top_k, top_p = params
     _core.accept_sampled(
         tensor_arg(target_logits),
-        _accept_args(tree, acc),
+        tree,
+        acc,
         temperature.data_ptr(),
         top_k.data_ptr(),
         top_p.data_ptr(),

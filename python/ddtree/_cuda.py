@@ -3,12 +3,10 @@ on PyTorch's current stream of their device. Nothing here synchronizes or alloca
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 
 from . import _core
-from ._cpu import TREE_FIELDS, tensor_arg
+from ._cpu import tensor_arg
 from ._types import Tree
 
 
@@ -43,42 +41,22 @@ def new_scratch(rows: int, device) -> dict:
     }
 
 
-class LaunchPlan(NamedTuple):
-    """Device index and output pointers of one build shape (fixed for static buffers)."""
-
-    device: int
-    out: dict
-    scratch: dict
-
-    @classmethod
-    def of(cls, tree: Tree, scratch: dict) -> LaunchPlan:
-        return cls(
-            device_index(tree.device),
-            {name: getattr(tree, name).data_ptr() for name in TREE_FIELDS},
-            {name: t.data_ptr() for name, t in scratch.items()},
-        )
-
-
-def launch_build(plan: LaunchPlan, draft_logits, root_tokens, prefix_lens, budget, k, stages=7):
-    """SPEC stages 1–3 into the planned outputs (three kernel launches; ``stages`` is a bit
-    mask 1 | 2 | 4 the benchmark uses to time one stage at a time)."""
+def launch_build(tree: Tree, scratch: dict, draft_logits, root_tokens, prefix_lens, budget, k,
+                 stages=7) -> None:  # fmt: skip
+    """SPEC stages 1–3 into the tensors of ``tree`` (three kernel launches; ``scratch`` holds
+    the per-row int32 tensors of ``new_scratch``; ``stages`` is a bit mask 1 | 2 | 4 the
+    benchmark uses to time one stage at a time)."""
     _core.cuda_build_tree(
-        plan.device,
-        raw_stream(plan.device),
+        *launch_on(tree.device),
         tensor_arg(draft_logits),
         root_tokens.data_ptr(),
         prefix_lens.data_ptr(),
         budget,
         k,
-        plan.out,
-        plan.scratch,
+        tree,
+        scratch,
         stages,
     )
-
-
-def build_into(tree: Tree, draft_logits, root_tokens, prefix_lens, budget, k, scratch) -> None:
-    """SPEC stages 1–3 into the tensors of ``tree``."""
-    launch_build(LaunchPlan.of(tree, scratch), draft_logits, root_tokens, prefix_lens, budget, k)
 
 
 def full_mask(ancestor_bits, seq_lens, out, write_prefix: bool) -> None:
@@ -95,30 +73,10 @@ def full_mask(ancestor_bits, seq_lens, out, write_prefix: bool) -> None:
     )
 
 
-ACCEPT_FIELDS = (
-    "accepted_nodes",
-    "accepted_tokens",
-    "accept_index",
-    "accept_len",
-    "bonus",
-    "status",
-)
-
-
-def accept_into(tree: Tree, target_logits, acc, sampling: dict | None) -> None:
+def accept_into(tree: Tree, target_logits, acc, sampling) -> None:
     """SPEC stage 4 into ``acc`` (one kernel launch, plus the generator's advance when
-    sampling); ``sampling`` holds the device pointers of a ``SamplingState``."""
-    _core.cuda_accept(
-        *launch_on(tree.device),
-        tensor_arg(target_logits),
-        acc.accepted_nodes.shape[1],
-        {name: getattr(tree, name).data_ptr() for name in WALK_FIELDS},
-        {name: getattr(acc, name).data_ptr() for name in ACCEPT_FIELDS},
-        sampling,
-    )
-
-
-WALK_FIELDS = ("verify_ids", "first_child", "next_sibling")
+    sampling); ``sampling`` is a ``SamplingState`` or None (greedy)."""
+    _core.cuda_accept(*launch_on(tree.device), tensor_arg(target_logits), tree, acc, sampling)
 
 
 def images() -> list[tuple[str, bool, int]]:

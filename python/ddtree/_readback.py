@@ -36,12 +36,9 @@ class ReadbackRing:
                 "address space, which the readback ring needs"
             )
         self.cursor = torch.zeros(1, dtype=torch.int64, device=device)
-        self.arg = {
-            "slots": mapped,
-            "cursor": self.cursor.data_ptr(),
-            "slot_words": self.slot_words,
-            "nslots": nslots,
-        }
+        # What the readback kernel takes (ReadbackRing): mapped slots, cursor, slot words,
+        # slots.
+        self.device_side = (mapped, self.cursor.data_ptr(), self.slot_words, nslots)
         self.returned = 0  # stamp (round + 1) of the newest slot returned; 0: none
         self._layouts: dict[tuple, dict] = {}
 

@@ -97,11 +97,3 @@ class SamplingState:
             min(int(top_k or 0), 2**31 - 1),
             1.0 if top_p is None else float(top_p),
         )
-
-    def pointers(self) -> dict:
-        return {
-            "temperature": self.temperature.data_ptr(),
-            "top_k": self.top_k.data_ptr(),
-            "top_p": self.top_p.data_ptr(),
-            "rng": self.rng.data_ptr(),
-        }

@@ -150,14 +150,13 @@ STAT_NAMES = (
 )
 
 
-def selection_stats(plan, x, roots, prefix, budget, k) -> dict:
+def selection_stats(tree, scratch, x, roots, prefix, budget, k) -> dict:
     """The selection kernel's own diagnostics (kernels/include/ddtree/select_parallel.cuh,
     `SelectStat`), averaged over the batch: what it did and thread 0's clock cycles per
     phase."""
     bs = x.shape[0]
     stats = torch.zeros(bs, 16, dtype=torch.int64, device=x.device)
-    diag = plan._replace(scratch=dict(plan.scratch, stats=stats.data_ptr()))
-    _cuda.launch_build(diag, x, roots, prefix, budget, k, 1 | 2)
+    _cuda.launch_build(tree, dict(scratch, stats=stats), x, roots, prefix, budget, k, 1 | 2)
     s = stats[:, : len(STAT_NAMES)].double().mean(dim=0).tolist()
     out = dict(zip(STAT_NAMES, s, strict=True))
     out["parallel"] = float((stats[:, 0] == 1).double().mean())
@@ -173,14 +172,14 @@ def bench_one(bs, budget, depth, vocab, replays, seed) -> dict:
     stepper.step(x, roots, prefix)
     k = min(budget, vocab)
     tree = stepper.step(x, roots, prefix)
-    plan = _cuda.LaunchPlan.of(tree, {n: t[: bs * depth] for n, t in stepper._scratch.items()})
+    scratch = {n: t[: bs * depth] for n, t in stepper._scratch.items()}
     row = {"bs": bs, "B": budget}
     for name, bits in STAGES:
         row[name] = graph_time_us(
-            lambda bits=bits: _cuda.launch_build(plan, x, roots, prefix, budget, k, bits),
+            lambda bits=bits: _cuda.launch_build(tree, scratch, x, roots, prefix, budget, k, bits),
             replays,
         )
-    row["stats"] = selection_stats(plan, x, roots, prefix, budget, k)
+    row["stats"] = selection_stats(tree, scratch, x, roots, prefix, budget, k)
     row["host_step"] = host_step_us(stepper, x, roots, prefix, 200)
     xf = x.float()
     row["torch_topk_lse"] = eager_time_us(

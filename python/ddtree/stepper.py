@@ -92,16 +92,20 @@ class Stepper:
         and the last step's shape, so a call passes only its own tensors."""
         from . import _core
 
-        bufs = {name: t.data_ptr() for name, t in self._tree_bufs.storage.items()}
-        bufs.update({name: t.data_ptr() for name, t in self._scratch.items()})
-        acc = self._acc_bufs.storage
-        bufs.update({name: t.data_ptr() for name, t in acc.items() if name != "status"})
-        bufs["acc_status"] = acc["status"].data_ptr()
-        bufs.update(self._sampling.pointers())
-        bufs.update({f"ring_{name}": value for name, value in self._ring.arg.items()})
-        bufs["kept"], bufs["release"] = self._kept.data_ptr(), self._release.data_ptr()
+        k = _api.k_of(self.budget, self.vocab, self.topk)
+        largest_tree = self._tree_view((self.max_batch, self.depth, k))
+        largest_acc = self._acc_view(self.max_batch, self.depth)
         limits = (self.max_batch, self.budget, self.depth, self.vocab, self.topk)
-        return _core.CudaEngine(_cuda.device_index(self.device), limits, bufs)
+        return _core.CudaEngine(
+            _cuda.device_index(self.device),
+            limits,
+            largest_tree,
+            largest_acc,
+            self._scratch,
+            self._sampling,
+            self._ring.device_side,
+            (self._kept, self._release),
+        )
 
     def _check_cuda_limits(self) -> None:
         from . import _core

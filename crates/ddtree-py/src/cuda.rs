@@ -1,21 +1,11 @@
 //! The GPU entry points: device pointers from the Python layer, launches on its stream.
 
+use crate::buffers::{self, TreeOut};
 use crate::errors;
 use crate::tensor::{LogitsDtype, TensorArg};
-use crate::TreeOut;
-use ddtree_cuda::{Dtype, Logits, Scratch, TreePtrs};
+use ddtree_cuda::{Dtype, Logits};
 use pyo3::prelude::*;
-
-/// Device scratch of a build (int32 `[bs * L]` each).
-#[derive(FromPyObject)]
-#[pyo3(from_item_all)]
-pub struct ScratchArg {
-    eligible: usize,
-    bad: usize,
-    /// The selection's diagnostics, int64 `[bs, 16]`; absent on real builds.
-    #[pyo3(default)]
-    stats: usize,
-}
+use pyo3::types::PyDict;
 
 pub(crate) fn logits_of(t: &TensorArg, name: &str) -> PyResult<Logits> {
     let dtype = match t.logits_dtype(name)? {
@@ -46,29 +36,11 @@ pub fn cuda_build_tree(
     budget: usize,
     k: usize,
     out: TreeOut,
-    scratch: ScratchArg,
+    scratch: &Bound<'_, PyDict>,
     stages: u32,
 ) -> PyResult<()> {
     let logits = logits_of(&draft_logits, "draft_logits")?;
-    let ptrs = TreePtrs {
-        verify_ids: out.verify_ids as u64,
-        positions: out.positions as u64,
-        depths: out.depths as u64,
-        parents: out.parents as u64,
-        first_child: out.first_child as u64,
-        next_sibling: out.next_sibling as u64,
-        ancestor_bits: out.ancestor_bits as u64,
-        scores: out.scores as u64,
-        num_nodes: out.num_nodes as u64,
-        topk_logprobs: out.topk_logprobs as u64,
-        topk_ids: out.topk_ids as u64,
-        status: out.status as u64,
-    };
-    let scratch = Scratch {
-        eligible: scratch.eligible as u64,
-        bad: scratch.bad as u64,
-        stats: scratch.stats as u64,
-    };
+    let (ptrs, scratch) = (out.ptrs(), buffers::scratch(scratch)?);
     // SAFETY: the Python layer passes live CUDA tensors of the checked shapes (tensor.rs).
     // The launches are asynchronous; the GIL is released around them all the same.
     py.detach(|| unsafe {

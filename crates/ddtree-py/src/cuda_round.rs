@@ -1,105 +1,33 @@
 //! The GPU entry points of SPEC stages 4–5: accept, kept slots, KV compaction, hidden gather.
 
+use crate::buffers::{AccOut, Links, SamplingOut};
 use crate::cuda::logits_of;
 use crate::errors;
 use crate::tensor::TensorArg;
-use ddtree_cuda::{AcceptPtrs, CommitPath, Sampling, SlotLayout, WalkTree};
+use ddtree_cuda::SlotLayout;
 use pyo3::prelude::*;
 use std::collections::HashMap;
 
-/// Tree links the walk reads (device pointers of int64 `[bs, Q]`).
-#[derive(FromPyObject)]
-#[pyo3(from_item_all)]
-pub struct WalkTreeArg {
-    verify_ids: usize,
-    first_child: usize,
-    next_sibling: usize,
-}
-
-/// The walk's outputs (device pointers).
-#[derive(FromPyObject)]
-#[pyo3(from_item_all)]
-pub struct AcceptOutArg {
-    accepted_nodes: usize,
-    accepted_tokens: usize,
-    accept_index: usize,
-    accept_len: usize,
-    bonus: usize,
-    status: usize,
-}
-
-/// Per-request sampling parameters and the generator's device state (device pointers).
-#[derive(FromPyObject)]
-#[pyo3(from_item_all)]
-pub struct SamplingArg {
-    temperature: usize,
-    top_k: usize,
-    top_p: usize,
-    rng: usize,
-}
-
 /// SPEC stage 4 on the GPU; greedy when `sampling` is None. Never synchronizes.
 #[pyfunction]
-#[pyo3(signature = (device, stream, target_logits, path_len, tree, out, sampling=None))]
-#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (device, stream, target_logits, tree, acc, sampling=None))]
 pub fn cuda_accept(
     py: Python<'_>,
     device: usize,
     stream: usize,
     target_logits: TensorArg,
-    path_len: usize,
-    tree: WalkTreeArg,
-    out: AcceptOutArg,
-    sampling: Option<SamplingArg>,
+    tree: Links,
+    acc: AccOut,
+    sampling: Option<SamplingOut>,
 ) -> PyResult<()> {
     let target = logits_of(&target_logits, "target_logits")?;
-    let tree = WalkTree {
-        verify_ids: tree.verify_ids as u64,
-        first_child: tree.first_child as u64,
-        next_sibling: tree.next_sibling as u64,
-    };
-    let out = AcceptPtrs {
-        accepted_nodes: out.accepted_nodes as u64,
-        accepted_tokens: out.accepted_tokens as u64,
-        accept_index: out.accept_index as u64,
-        accept_len: out.accept_len as u64,
-        bonus: out.bonus as u64,
-        status: out.status as u64,
-    };
-    let sampling = sampling.map(|s| Sampling {
-        temperature: s.temperature as u64,
-        top_k: s.top_k as u64,
-        top_p: s.top_p as u64,
-        rng: s.rng as u64,
-    });
+    let (path_len, tree, out) = (acc.path_len(), tree.walk(), acc.ptrs());
+    let sampling = sampling.map(|s| s.ptrs());
     // SAFETY: the Python layer passes live CUDA tensors of the checked shapes.
     py.detach(|| unsafe {
         ddtree_cuda::accept_tree(device, stream as u64, target, path_len, tree, out, sampling)
     })
     .map_err(errors::cuda_to_py)
-}
-
-/// An acceptance's path and status pointers, as the commit launches take them.
-#[derive(FromPyObject)]
-#[pyo3(from_item_all)]
-pub struct PathArg {
-    bs: usize,
-    q: usize,
-    path_len: usize,
-    accepted_nodes: usize,
-    status: usize,
-}
-
-impl PathArg {
-    fn path(&self) -> CommitPath {
-        CommitPath {
-            bs: self.bs,
-            q: self.q,
-            path_len: self.path_len,
-            accepted_nodes: self.accepted_nodes as u64,
-            status: self.status as u64,
-        }
-    }
 }
 
 /// SPEC stage 5: kept slots `[bs, L+1]` and the release mask `[bs, Q]` on the GPU.
@@ -109,13 +37,14 @@ pub fn cuda_kept_slots(
     py: Python<'_>,
     device: usize,
     stream: usize,
-    path: PathArg,
+    acc: AccOut,
+    q: usize,
     window: usize,
     slots: Option<usize>,
     kept: usize,
     release: usize,
 ) -> PyResult<()> {
-    let p = path.path();
+    let p = acc.path(q);
     // SAFETY: live CUDA tensors of the checked shapes.
     py.detach(|| unsafe {
         ddtree_cuda::kept_slots(
@@ -138,14 +67,15 @@ pub fn cuda_compact_kv(
     py: Python<'_>,
     device: usize,
     stream: usize,
-    path: PathArg,
+    acc: AccOut,
+    q: usize,
     window: usize,
     buffers: usize,
     count: usize,
     row_bytes: usize,
     slots: usize,
 ) -> PyResult<()> {
-    let p = path.path();
+    let p = acc.path(q);
     // SAFETY: live CUDA tensors; `buffers` holds `count` device addresses.
     py.detach(|| unsafe {
         ddtree_cuda::compact_kv(
@@ -169,12 +99,13 @@ pub fn cuda_gather_hidden(
     py: Python<'_>,
     device: usize,
     stream: usize,
-    path: PathArg,
+    acc: AccOut,
+    q: usize,
     hidden: usize,
     row_bytes: usize,
     out: usize,
 ) -> PyResult<()> {
-    let p = path.path();
+    let p = acc.path(q);
     // SAFETY: live CUDA tensors of the checked shapes.
     py.detach(|| unsafe {
         ddtree_cuda::gather_hidden(

@@ -3,9 +3,10 @@
 //! call's tensors, whose metadata is read here (a few attribute reads, no dict), checked
 //! with the argument's name, and launched on PyTorch's current stream of the device.
 
+use crate::buffers::{self, AccOut, SamplingOut, TreeOut};
 use crate::errors;
 use ddtree_cuda::engine::{Buffers, Engine, Limits, Round};
-use ddtree_cuda::{AcceptPtrs, Dtype, Logits, ReadbackRing, Sampling, Scratch, TreePtrs};
+use ddtree_cuda::{Dtype, Logits, ReadbackRing};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
@@ -47,59 +48,6 @@ pub struct CudaEngine {
     torch: Torch,
 }
 
-fn ptr(d: &Bound<'_, PyDict>, name: &str) -> PyResult<u64> {
-    d.get_item(name)?
-        .ok_or_else(|| PyValueError::new_err(format!("CudaEngine: buffer {name} missing")))?
-        .extract::<u64>()
-}
-
-fn buffers(d: &Bound<'_, PyDict>) -> PyResult<Buffers> {
-    let p = |name: &str| ptr(d, name);
-    Ok(Buffers {
-        tree: TreePtrs {
-            verify_ids: p("verify_ids")?,
-            positions: p("positions")?,
-            depths: p("depths")?,
-            parents: p("parents")?,
-            first_child: p("first_child")?,
-            next_sibling: p("next_sibling")?,
-            ancestor_bits: p("ancestor_bits")?,
-            scores: p("scores")?,
-            num_nodes: p("num_nodes")?,
-            topk_logprobs: p("topk_logprobs")?,
-            topk_ids: p("topk_ids")?,
-            status: p("status")?,
-        },
-        scratch: Scratch {
-            eligible: p("eligible")?,
-            bad: p("bad")?,
-            stats: 0,
-        },
-        acc: AcceptPtrs {
-            accepted_nodes: p("accepted_nodes")?,
-            accepted_tokens: p("accepted_tokens")?,
-            accept_index: p("accept_index")?,
-            accept_len: p("accept_len")?,
-            bonus: p("bonus")?,
-            status: p("acc_status")?,
-        },
-        sampling: Sampling {
-            temperature: p("temperature")?,
-            top_k: p("top_k")?,
-            top_p: p("top_p")?,
-            rng: p("rng")?,
-        },
-        ring: ReadbackRing {
-            slots: p("ring_slots")?,
-            cursor: p("ring_cursor")?,
-            slot_words: p("ring_slot_words")? as i64,
-            nslots: p("ring_nslots")? as i32,
-        },
-        kept: p("kept")?,
-        release: p("release")?,
-    })
-}
-
 /// A shape as Python prints a tuple: `(2, 3)`, `(5,)`.
 fn as_tuple(shape: &[usize]) -> String {
     let parts: Vec<String> = shape.iter().map(usize::to_string).collect();
@@ -114,14 +62,23 @@ fn round_key<'py>(py: Python<'py>, r: Round) -> PyResult<Bound<'py, PyTuple>> {
 
 #[pymethods]
 impl CudaEngine {
-    /// `limits`: (max_batch, budget, depth, vocab, topk or None); `bufs`: the device
-    /// addresses of the Stepper's static buffers by name (read once, here).
+    /// `limits`: (max_batch, budget, depth, vocab, topk or None). The buffers, read once
+    /// here: `tree` and `acc` (a `Tree` and an `Acceptance` of the largest shape, views of
+    /// the Stepper's static buffers), the build's `scratch` dict, the `SamplingState`, the
+    /// readback ring's device side (mapped slots, cursor, slot words, slots) and the
+    /// kept_slots outputs.
     #[new]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         device: usize,
         limits: (usize, usize, usize, usize, Option<usize>),
-        bufs: &Bound<'_, PyDict>,
+        tree: TreeOut,
+        acc: AccOut,
+        scratch: &Bound<'_, PyDict>,
+        sampling: SamplingOut,
+        ring: (u64, u64, i64, i32),
+        kept_release: (Bound<'_, PyAny>, Bound<'_, PyAny>),
     ) -> PyResult<Self> {
         let (max_batch, budget, depth, vocab, topk) = limits;
         let limits = Limits {
@@ -131,8 +88,23 @@ impl CudaEngine {
             vocab,
             topk,
         };
+        let (slots, cursor, slot_words, nslots) = ring;
+        let bufs = Buffers {
+            tree: tree.ptrs(),
+            scratch: buffers::scratch(scratch)?,
+            acc: acc.ptrs(),
+            sampling: sampling.ptrs(),
+            ring: ReadbackRing {
+                slots,
+                cursor,
+                slot_words,
+                nslots,
+            },
+            kept: buffers::data_ptr(&kept_release.0)? as u64,
+            release: buffers::data_ptr(&kept_release.1)? as u64,
+        };
         Ok(Self {
-            engine: Engine::new(device, limits, buffers(bufs)?),
+            engine: Engine::new(device, limits, bufs),
             torch: Torch::load(py)?,
         })
     }

@@ -3,61 +3,20 @@
 //! Every function takes raw tensor pointers that the Python layer has validated (see
 //! `tensor.rs` for the contract), releases the GIL, and writes into caller-owned outputs.
 
+mod buffers;
 mod cuda;
 mod cuda_round;
 mod engine;
 mod errors;
 mod tensor;
 
-use ddtree_core::batch::{self, AcceptBuffers, BatchLinks, Posterior, TreeBuffers};
-use ddtree_core::emit::VerifyInputs;
+use buffers::{AccOut, Links, TreeOut};
+use ddtree_core::batch::{self, Posterior};
 use ddtree_core::logits::{Element, Logits3};
 use ddtree_core::sample::SamplingParams;
 use half::{bf16, f16};
 use pyo3::prelude::*;
 use tensor::{slice, slice_mut, LogitsDtype, TensorArg};
-
-/// Output pointers of a build (contiguous tensors sized for the build's shape).
-#[derive(FromPyObject)]
-#[pyo3(from_item_all)]
-pub struct TreeOut {
-    pub(crate) verify_ids: usize,
-    pub(crate) positions: usize,
-    pub(crate) depths: usize,
-    pub(crate) parents: usize,
-    pub(crate) first_child: usize,
-    pub(crate) next_sibling: usize,
-    pub(crate) ancestor_bits: usize,
-    pub(crate) scores: usize,
-    pub(crate) num_nodes: usize,
-    pub(crate) topk_logprobs: usize,
-    pub(crate) topk_ids: usize,
-    pub(crate) status: usize,
-}
-
-impl TreeOut {
-    /// # Safety
-    /// The pointers must address live, non-overlapping tensors sized for `s`.
-    unsafe fn buffers(&self, s: &batch::Shape) -> TreeBuffers<'static> {
-        let (bs, q, lk) = (s.bs, s.q(), s.depth * s.k);
-        TreeBuffers {
-            verify: VerifyInputs {
-                verify_ids: slice_mut(self.verify_ids, bs * q),
-                positions: slice_mut(self.positions, bs * q),
-                depths: slice_mut(self.depths, bs * q),
-                parents: slice_mut(self.parents, bs * q),
-                first_child: slice_mut(self.first_child, bs * q),
-                next_sibling: slice_mut(self.next_sibling, bs * q),
-                ancestor_bits: slice_mut(self.ancestor_bits, bs * q * s.words()),
-                scores: slice_mut(self.scores, bs * q),
-            },
-            num_nodes: slice_mut(self.num_nodes, bs),
-            topk_logprobs: slice_mut(self.topk_logprobs, bs * lk),
-            topk_ids: slice_mut(self.topk_ids, bs * lk),
-            status: slice_mut(self.status, bs),
-        }
-    }
-}
 
 /// SPEC stages 2–3 from the stage-1 results already in `out` (`topk_logprobs`, `topk_ids`)
 /// and `eligible` (int32 `[bs * L]`, -1 for a rejected row).
@@ -91,10 +50,15 @@ fn select_emit(
 
 /// SPEC stage 4 with the posterior tokens given (`[bs, Q]` int64, one per node).
 #[pyfunction]
-fn accept_tokens(py: Python<'_>, posterior_tokens: usize, args: AcceptArgs) -> PyResult<()> {
+fn accept_tokens(
+    py: Python<'_>,
+    posterior_tokens: usize,
+    tree: Links,
+    acc: AccOut,
+) -> PyResult<()> {
     // SAFETY: live, checked tensors (tensor.rs).
-    let tokens = unsafe { slice::<i64>(posterior_tokens, args.bs * args.q) };
-    let (links, out) = unsafe { args.split() };
+    let (links, out) = unsafe { (tree.batch(), acc.batch()) };
+    let tokens = unsafe { slice::<i64>(posterior_tokens, tree.bs() * links.q) };
     py.detach(|| batch::accept_tree(links, Posterior::<f32>::Tokens(tokens), out))
         .map_err(errors::to_py)
 }
@@ -167,65 +131,30 @@ fn build_as<T: Element>(
     Ok(s.k)
 }
 
-/// The `[bs, Q]` tree links an accept reads, and the accept outputs.
-#[derive(FromPyObject)]
-#[pyo3(from_item_all)]
-struct AcceptArgs {
-    bs: usize,
-    q: usize,
-    width: usize,
-    verify_ids: usize,
-    first_child: usize,
-    next_sibling: usize,
-    accepted_nodes: usize,
-    accepted_tokens: usize,
-    accept_index: usize,
-    accept_len: usize,
-    bonus: usize,
-    status: usize,
-}
-
-impl AcceptArgs {
-    /// # Safety
-    /// The pointers must address live, non-overlapping tensors of the stated sizes.
-    unsafe fn split(&self) -> (BatchLinks<'static>, AcceptBuffers<'static>) {
-        let (bs, q, w) = (self.bs, self.q, self.width);
-        let links = BatchLinks {
-            verify_ids: slice(self.verify_ids, bs * q),
-            first_child: slice(self.first_child, bs * q),
-            next_sibling: slice(self.next_sibling, bs * q),
-            q,
-        };
-        let out = AcceptBuffers {
-            accepted_nodes: slice_mut(self.accepted_nodes, bs * w),
-            accepted_tokens: slice_mut(self.accepted_tokens, bs * w),
-            accept_index: slice_mut(self.accept_index, bs * w),
-            accept_len: slice_mut(self.accept_len, bs),
-            bonus: slice_mut(self.bonus, bs),
-            status: slice_mut(self.status, bs),
-        };
-        (links, out)
-    }
-}
-
 /// SPEC stage 4, greedy: walk along the argmax of `target_logits` `[bs, Q, V]`.
 #[pyfunction]
-fn accept_greedy(py: Python<'_>, target_logits: TensorArg, args: AcceptArgs) -> PyResult<()> {
+fn accept_greedy(
+    py: Python<'_>,
+    target_logits: TensorArg,
+    tree: Links,
+    acc: AccOut,
+) -> PyResult<()> {
+    let args = (&tree, &acc);
     match target_logits.logits_dtype("target_logits")? {
-        LogitsDtype::F32 => accept_greedy_as::<f32>(py, &target_logits, &args),
-        LogitsDtype::F16 => accept_greedy_as::<f16>(py, &target_logits, &args),
-        LogitsDtype::Bf16 => accept_greedy_as::<bf16>(py, &target_logits, &args),
+        LogitsDtype::F32 => accept_greedy_as::<f32>(py, &target_logits, args),
+        LogitsDtype::F16 => accept_greedy_as::<f16>(py, &target_logits, args),
+        LogitsDtype::Bf16 => accept_greedy_as::<bf16>(py, &target_logits, args),
     }
 }
 
 fn accept_greedy_as<T: Element>(
     py: Python<'_>,
     target: &TensorArg,
-    args: &AcceptArgs,
+    (tree, acc): (&Links, &AccOut),
 ) -> PyResult<()> {
     // SAFETY: live, checked tensors (tensor.rs).
     let target: Logits3<'_, T> = unsafe { target.logits3("target_logits")? };
-    let (links, out) = unsafe { args.split() };
+    let (links, out) = unsafe { (tree.batch(), acc.batch()) };
     py.detach(|| batch::accept_tree(links, Posterior::Greedy(target), out))
         .map_err(errors::to_py)
 }
@@ -233,11 +162,13 @@ fn accept_greedy_as<T: Element>(
 /// SPEC stage 4, sampling: per-request `temperature` / `top_k` / `top_p` (`[bs]` float64,
 /// int64, float64; temperature 0 is greedy, top_k ≤ 0 no cap), random numbers keyed by `seed`.
 #[pyfunction]
-#[pyo3(signature = (target_logits, args, temperature, top_k, top_p, seed))]
+#[pyo3(signature = (target_logits, tree, acc, temperature, top_k, top_p, seed))]
+#[allow(clippy::too_many_arguments)]
 fn accept_sampled(
     py: Python<'_>,
     target_logits: TensorArg,
-    args: AcceptArgs,
+    tree: Links,
+    acc: AccOut,
     temperature: usize,
     top_k: usize,
     top_p: usize,
@@ -246,11 +177,11 @@ fn accept_sampled(
     // SAFETY: live, checked tensors (tensor.rs).
     let params: Vec<SamplingParams> = unsafe {
         let (t, k, p) = (
-            slice::<f64>(temperature, args.bs),
-            slice::<i64>(top_k, args.bs),
-            slice::<f64>(top_p, args.bs),
+            slice::<f64>(temperature, tree.bs()),
+            slice::<i64>(top_k, tree.bs()),
+            slice::<f64>(top_p, tree.bs()),
         );
-        (0..args.bs)
+        (0..tree.bs())
             .map(|b| SamplingParams {
                 temperature: t[b],
                 top_k: k[b].max(0) as usize,
@@ -258,23 +189,24 @@ fn accept_sampled(
             })
             .collect()
     };
+    let args = (&tree, &acc);
     match target_logits.logits_dtype("target_logits")? {
-        LogitsDtype::F32 => accept_sampled_as::<f32>(py, &target_logits, &args, &params, seed),
-        LogitsDtype::F16 => accept_sampled_as::<f16>(py, &target_logits, &args, &params, seed),
-        LogitsDtype::Bf16 => accept_sampled_as::<bf16>(py, &target_logits, &args, &params, seed),
+        LogitsDtype::F32 => accept_sampled_as::<f32>(py, &target_logits, args, &params, seed),
+        LogitsDtype::F16 => accept_sampled_as::<f16>(py, &target_logits, args, &params, seed),
+        LogitsDtype::Bf16 => accept_sampled_as::<bf16>(py, &target_logits, args, &params, seed),
     }
 }
 
 fn accept_sampled_as<T: Element>(
     py: Python<'_>,
     target: &TensorArg,
-    args: &AcceptArgs,
+    (tree, acc): (&Links, &AccOut),
     params: &[SamplingParams],
     seed: u64,
 ) -> PyResult<()> {
     // SAFETY: live, checked tensors (tensor.rs).
     let target: Logits3<'_, T> = unsafe { target.logits3("target_logits")? };
-    let (links, out) = unsafe { args.split() };
+    let (links, out) = unsafe { (tree.batch(), acc.batch()) };
     let posterior = Posterior::Sampled {
         target,
         params,
