@@ -209,3 +209,33 @@ def test_scalar_sampling_loaded_in_one_launch_draws_what_accept_tree_draws(param
     assert stepper._sampling.rng.tolist() == [5, 1]
     stepper.accept(target, **params)
     assert stepper._sampling.rng.tolist() == [5, 2]
+
+
+def test_eager_steps_replay_one_graph_per_geometry_equal_to_plain_launches():
+    # The engine's eager step is one graph launch (built once per launch geometry, its
+    # nodes updated when the logits tensor changes); plain launches give the same trees.
+    graph, plain = steppers()["cuda"], steppers()["cuda"]
+    plain._engine.eager_graphs = False
+    for seed, bs in ((6, 4), (7, 4), (8, 2), (9, 4), (10, 2)):
+        x, roots, prefix = inputs("cuda", bs=bs, dtype=torch.bfloat16, seed=seed)
+        a, b = graph.step(x, roots, prefix), plain.step(x, roots, prefix)
+        for name in vars(a):
+            assert torch.equal(getattr(a, name), getattr(b, name)), (seed, name)
+    assert graph._engine.graphs == 2 and plain._engine.graphs == 0
+
+
+def test_a_step_inside_the_callers_capture_is_plain_launches():
+    stepper = steppers()["cuda"]
+    x, roots, prefix = inputs("cuda", dtype=torch.bfloat16, seed=11)
+    want = {k: v.clone() for k, v in vars(stepper.step(x, roots, prefix)).items()}
+    held = stepper._engine.graphs
+    g = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(g):
+        tree = stepper.step(x, roots, prefix)
+    assert stepper._engine.graphs == held  # nothing built or launched as a graph there
+    for t in vars(tree).values():
+        t.zero_()
+    g.replay()
+    for name, value in want.items():
+        assert torch.equal(getattr(tree, name), value), name

@@ -53,7 +53,24 @@ def measure(bs: int, budget: int, depth: int, vocab: int, calls: int, repeats: i
         ("Stepper.accept T tensor", lambda: stepper.accept(target, temps, readback=False)),
         ("Stepper.kept_slots", lambda: stepper.kept_slots(window)),
     ]
+    engine = getattr(stepper, "_engine", None)
+    if engine is not None:  # the Rust seam alone: where a Stepper call's time goes
+        stepper.step(x, roots, prefix)
+        cases += [
+            ("engine.step (no Python wrapper)", lambda: engine.step(x, roots, prefix)),
+            (
+                "engine.check_target (reads + checks, no launch)",
+                lambda: engine.check_target(target),
+            ),  # fmt: skip
+            ("engine.accept greedy, no readback", lambda: engine.accept(target, False, False)),
+            ("engine.publish (readback launch)", engine.publish),
+        ]
     rows = [(name, per_call_us(fn, calls, repeats)) for name, fn in cases]
+    if engine is not None:  # the eager step's three launches without the engine's graph
+        engine.eager_graphs = False
+        plain = per_call_us(lambda: stepper.step(x, roots, prefix), calls, repeats)
+        rows.insert(2, ("Stepper.step, 3 plain launches (no graph)", plain))
+        engine.eager_graphs = True
     stepper.close()
     return rows
 

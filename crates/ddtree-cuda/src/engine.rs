@@ -7,9 +7,13 @@
 use crate::accept::{accept_tree, AcceptPtrs, Sampling, WalkTree};
 use crate::commit::{kept_slots, CommitPath};
 use crate::device::enter_device;
+use crate::graph::{is_capturing, Action, GraphCache, GraphKey, KernelGraph};
 use crate::launch::BuildShape;
+use crate::params::BuildParams;
 use crate::readback::{readback, ReadbackRing, ReadbackSrc};
-use crate::{build_tree, launch_params, CudaError, Logits, Scratch, TreePtrs, ALL_STAGES};
+use crate::{
+    build_kernels, build_params, launch_params, CudaError, Logits, Scratch, TreePtrs, ALL_STAGES,
+};
 use cudarc::driver::sys::CUstream;
 
 /// `kernels/include/ddtree/sample.cuh`'s `SamplingLoad`, by value (layout asserted on both
@@ -83,6 +87,9 @@ pub struct Engine {
     pub limits: Limits,
     bufs: Buffers,
     last: Option<Round>,
+    /// An eager step replays one graph of its three launches (per launch geometry).
+    eager_graphs: bool,
+    graphs: GraphCache<BuildParams, KernelGraph>,
 }
 
 impl Engine {
@@ -92,6 +99,8 @@ impl Engine {
             limits,
             bufs,
             last: None,
+            eager_graphs: true,
+            graphs: GraphCache::default(),
         }
     }
 
@@ -190,21 +199,46 @@ impl Engine {
             k: r.k,
         };
         shape.check()?;
-        let (b, k) = (r.budget, r.k);
-        build_tree(
-            self.ordinal,
-            stream,
-            logits,
-            roots,
-            prefix,
-            b,
-            k,
-            self.bufs.tree,
-            self.bufs.scratch,
-            ALL_STAGES,
-        )?;
+        let b = &self.bufs;
+        let p = build_params(
+            &shape, &logits, roots, prefix, &b.tree, &b.scratch, ALL_STAGES,
+        );
+        let (dev, _ctx) = enter_device(self.ordinal)?;
+        let kernels = build_kernels(&dev, &shape, logits.dtype, ALL_STAGES);
+        let key = GraphKey::of(&kernels);
+        let plain = !self.eager_graphs || is_capturing(stream)?;
+        match self.graphs.plan(plain, &key, &p) {
+            Action::Plain => {
+                for k in &kernels {
+                    launch_params(k.call, k.f, k.grid, k.block, k.smem, stream as CUstream, &p)?;
+                }
+            }
+            Action::Build => {
+                let g = KernelGraph::new(self.ordinal, &kernels, &p)?;
+                g.launch(stream)?;
+                self.graphs.insert(key, p, g);
+            }
+            Action::Update | Action::Launch => {
+                let (held, g) = self.graphs.get_mut(&key).expect("planned from this cache");
+                if *held != p {
+                    g.update(&kernels, &p)?;
+                    *held = p;
+                }
+                g.launch(stream)?;
+            }
+        }
         self.last = Some(r);
         Ok(r)
+    }
+
+    /// Eager builds as one graph launch (the default) or as three plain launches.
+    pub fn set_eager_graphs(&mut self, on: bool) {
+        self.eager_graphs = on;
+    }
+
+    /// Build graphs instantiated so far (one per launch geometry).
+    pub fn graphs(&self) -> usize {
+        self.graphs.len()
     }
 
     /// SPEC stage 4 for the last step's tree, greedy or (`sampled`) from the sampling

@@ -12,6 +12,7 @@ mod commit;
 mod device;
 pub mod engine;
 pub mod fatbin;
+mod graph;
 pub mod launch;
 pub mod params;
 pub mod readback;
@@ -27,7 +28,7 @@ pub mod kernels {
 
 use cudarc::driver::result::{self, DriverError};
 use cudarc::driver::sys::{CUfunction, CUstream};
-use device::{device, enter_device};
+use device::{device, enter_device, Device};
 use launch::{BuildShape, CANDIDATE_THREADS, EMIT_THREADS};
 use params::{BuildParams, MaskParams};
 use std::ffi::c_void;
@@ -210,51 +211,72 @@ pub unsafe fn build_tree(
     shape.check()?;
     let p = build_params(&shape, &logits, roots, prefix, &out, &scratch, stages);
     let (dev, _ctx) = enter_device(ordinal)?;
-    let stream = stream as CUstream;
-    // Stage 1: one block per (request, depth) row; stages 2 and 3: one block per request.
-    if stages & STAGE_CANDIDATES != 0 {
-        let f = match logits.dtype {
-            Dtype::F32 => dev.candidates_f32,
-            Dtype::F16 => dev.candidates_f16,
-            Dtype::Bf16 => dev.candidates_bf16,
-        };
-        let grid = ((bs * depth) as u32, 1, 1);
-        launch_params(
-            "cuLaunchKernel(candidates)",
-            f,
-            grid,
-            CANDIDATE_THREADS,
-            launch::CANDIDATE_SMEM,
-            stream,
-            &p,
-        )?;
-    }
-    if stages & STAGE_SELECT != 0 {
-        let smem = shape.select_smem().0;
-        let grid = (bs as u32, 1, 1);
-        launch_params(
-            "cuLaunchKernel(select)",
-            dev.select,
-            grid,
-            launch::SELECT_THREADS,
-            smem,
-            stream,
-            &p,
-        )?;
-    }
-    if stages & STAGE_EMIT != 0 {
-        let grid = (bs as u32, 1, 1);
-        launch_params(
-            "cuLaunchKernel(emit)",
-            dev.emit,
-            grid,
-            EMIT_THREADS,
-            0,
-            stream,
-            &p,
-        )?;
+    for k in build_kernels(&dev, &shape, logits.dtype, stages) {
+        launch_params(k.call, k.f, k.grid, k.block, k.smem, stream as CUstream, &p)?;
     }
     Ok(())
+}
+
+/// One kernel launch of a stage group, but its parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Kernel {
+    pub call: &'static str,
+    pub f: CUfunction,
+    pub grid: (u32, u32, u32),
+    pub block: u32,
+    pub smem: usize,
+}
+
+/// The launches of the stages in `stages` (bits 1 | 2 | 4), in order: stage 1 one block per
+/// (request, depth) row, stages 2 and 3 one block per request.
+pub(crate) fn build_kernels(
+    dev: &Device,
+    shape: &BuildShape,
+    dtype: Dtype,
+    stages: u32,
+) -> Vec<Kernel> {
+    let (bs, rows) = (shape.bs as u32, (shape.bs * shape.depth) as u32);
+    let candidates = match dtype {
+        Dtype::F32 => dev.candidates_f32,
+        Dtype::F16 => dev.candidates_f16,
+        Dtype::Bf16 => dev.candidates_bf16,
+    };
+    let all = [
+        (
+            STAGE_CANDIDATES,
+            "cuLaunchKernel(candidates)",
+            candidates,
+            rows,
+            CANDIDATE_THREADS,
+            launch::CANDIDATE_SMEM,
+        ),
+        (
+            STAGE_SELECT,
+            "cuLaunchKernel(select)",
+            dev.select,
+            bs,
+            launch::SELECT_THREADS,
+            shape.select_smem().0,
+        ),
+        (
+            STAGE_EMIT,
+            "cuLaunchKernel(emit)",
+            dev.emit,
+            bs,
+            EMIT_THREADS,
+            0,
+        ),
+    ];
+    all.into_iter()
+        .filter(|k| stages & k.0 != 0)
+        .map(|(_, call, f, blocks, block, smem)| Kernel {
+            call,
+            f,
+            grid: (blocks, 1, 1),
+            block,
+            smem,
+        })
+        .collect()
 }
 
 /// The one parameter struct of a build's three launches.

@@ -156,6 +156,19 @@ impl CudaEngine {
         self.check_target(target_logits).map(|_| ())
     }
 
+    /// Eager steps as one graph launch (the default) or as three plain launches (for the
+    /// host benchmark's ratio). Inside the caller's capture they are always plain.
+    #[setter]
+    fn set_eager_graphs(&mut self, on: bool) {
+        self.engine.set_eager_graphs(on);
+    }
+
+    /// Build graphs the engine holds (one per launch geometry an eager step has seen).
+    #[getter]
+    fn graphs(&self) -> usize {
+        self.engine.graphs()
+    }
+
     /// Makes a round returned by `step` current again (after replaying a graph of it).
     fn resume(&mut self, round: (usize, usize, usize, usize)) {
         let (bs, depth, k, vocab) = round;
