@@ -239,3 +239,28 @@ def test_a_step_inside_the_callers_capture_is_plain_launches():
     g.replay()
     for name, value in want.items():
         assert torch.equal(getattr(tree, name), value), name
+
+
+def test_eager_accepts_replay_graphs_equal_to_plain_launches():
+    # An eager accept is one graph of the walk (+ the generator's advance when sampling)
+    # (+ the readback when publishing), one per geometry; the same acceptances, readbacks
+    # and generator state as plain launches.
+    graph, plain = steppers()["cuda"], steppers()["cuda"]
+    plain._engine.eager_graphs = False
+    for seed, bs in ((12, 4), (13, 4), (14, 2)):
+        x, roots, prefix = inputs("cuda", bs=bs, dtype=torch.bfloat16, seed=seed)
+        target = torch.randn(bs, BUDGET + 1, V, device="cuda").to(torch.bfloat16) * 4
+        for kwargs in ({}, {"readback": False}, {"temperature": 0.9, "generator": seed},
+                       {"temperature": 0.9, "top_k": 5, "readback": False}):  # fmt: skip
+            got = []
+            for stepper in (graph, plain):
+                stepper.step(x, roots, prefix)
+                acc = stepper.accept(target, **kwargs)
+                got.append({k: v.clone() for k, v in vars(acc).items()})
+                got[-1]["rng"] = stepper._sampling.rng.clone()
+            for name in got[0]:
+                assert torch.equal(got[0][name], got[1][name]), (seed, kwargs, name)
+    torch.cuda.synchronize()
+    a, b = graph.readback(wait=True), plain.readback(wait=True)
+    assert a["round"] == b["round"] and torch.equal(a["accepted_tokens"], b["accepted_tokens"])
+    assert plain._engine.graphs == 0 and graph._engine.graphs > 2

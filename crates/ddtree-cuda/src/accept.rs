@@ -1,9 +1,9 @@
 //! SPEC stage 4 on the GPU: the walk along the target's posterior tokens, one cluster of
 //! blocks per request (`kernels/accept.cu`).
 
-use crate::device::enter_device;
+use crate::device::{enter_device, Device};
 use crate::params::AcceptParams;
-use crate::{launch_params, CudaError, Dtype, Logits};
+use crate::{launch_params, CudaError, Dtype, Kernel, Logits};
 use cudarc::driver::sys::CUstream;
 
 /// Threads per block of the accept kernel (`kAcceptThreads`).
@@ -62,6 +62,24 @@ pub unsafe fn accept_tree(
     out: AcceptPtrs,
     sampling: Option<Sampling>,
 ) -> Result<(), CudaError> {
+    let (dev, _ctx) = enter_device(ordinal)?;
+    let (p, kernels) = accept_launches(&dev, target, path_len, tree, out, sampling)?;
+    for k in kernels {
+        launch_params(k.call, k.f, k.grid, k.block, k.smem, stream as CUstream, &p)?;
+    }
+    Ok(())
+}
+
+/// The walk's parameter struct and its launches: the walk, then (sampling) the
+/// generator's advance, both taking the struct.
+pub(crate) fn accept_launches(
+    dev: &Device,
+    target: Logits,
+    path_len: usize,
+    tree: WalkTree,
+    out: AcceptPtrs,
+    sampling: Option<Sampling>,
+) -> Result<(AcceptParams, Vec<Kernel>), CudaError> {
     let [bs, q, vocab] = target.shape;
     if bs == 0 || q == 0 || vocab == 0 || vocab > ACCEPT_MAX_VOCAB || path_len == 0 {
         return Err(CudaError::arg(format!(
@@ -69,7 +87,6 @@ pub unsafe fn accept_tree(
             target.shape
         )));
     }
-    let (dev, _ctx) = enter_device(ordinal)?;
     let f = dev.accept[match target.dtype {
         Dtype::F32 => 0,
         Dtype::F16 => 1,
@@ -107,29 +124,23 @@ pub unsafe fn accept_tree(
         path_len: path_len as i32,
         cache_slice: i32::from(cache > 0),
     };
-    let stream = stream as CUstream;
-    let grid = (bs as u32 * ACCEPT_CLUSTER, 1, 1);
-    launch_params(
-        "cuLaunchKernel(accept)",
+    let mut kernels = vec![Kernel {
+        call: "cuLaunchKernel(accept)",
         f,
-        grid,
-        ACCEPT_THREADS,
-        cache + links,
-        stream,
-        &p,
-    )?;
+        grid: (bs as u32 * ACCEPT_CLUSTER, 1, 1),
+        block: ACCEPT_THREADS,
+        smem: cache + links,
+    }];
     if sampling.is_some() {
-        launch_params(
-            "cuLaunchKernel(advance_rng)",
-            dev.advance_rng,
-            (1, 1, 1),
-            1,
-            0,
-            stream,
-            &p,
-        )?;
+        kernels.push(Kernel {
+            call: "cuLaunchKernel(advance_rng)",
+            f: dev.advance_rng,
+            grid: (1, 1, 1),
+            block: 1,
+            smem: 0,
+        });
     }
-    Ok(())
+    Ok((p, kernels))
 }
 
 /// Bytes of one block's row slice (`accept_slice_len`), or 0 when it exceeds the cache cap

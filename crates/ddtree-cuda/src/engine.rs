@@ -4,15 +4,16 @@
 //! caller's stream. A call passes only that call's tensors; the checks that need no GPU
 //! (`plan_step`, `plan_accept`) are plain arithmetic, tested without one.
 
-use crate::accept::{accept_tree, AcceptPtrs, Sampling, WalkTree};
+use crate::accept::{accept_launches, AcceptPtrs, Sampling, WalkTree};
 use crate::commit::{kept_slots, CommitPath};
 use crate::device::enter_device;
-use crate::graph::{is_capturing, Action, GraphCache, GraphKey, KernelGraph};
+use crate::graph::{is_capturing, run, GraphCache, KernelGraph, Node};
 use crate::launch::BuildShape;
-use crate::params::BuildParams;
-use crate::readback::{readback, ReadbackRing, ReadbackSrc};
+use crate::params::{AcceptParams, BuildParams};
+use crate::readback::{readback, readback_kernel, ReadbackRing, ReadbackSrc};
 use crate::{
-    build_kernels, build_params, launch_params, CudaError, Logits, Scratch, TreePtrs, ALL_STAGES,
+    build_kernels, build_params, launch_params, CudaError, Logits, Params, Scratch, TreePtrs,
+    ALL_STAGES,
 };
 use cudarc::driver::sys::CUstream;
 
@@ -37,6 +38,9 @@ pub struct SamplingLoad {
 }
 
 const LOAD_SAMPLING_THREADS: u32 = 256;
+
+/// What an accept graph's nodes hold: the walk's struct and the readback's arguments.
+type AcceptGraph = (AcceptParams, Option<(ReadbackRing, ReadbackSrc)>);
 
 /// What a Stepper was built for (its constructor's checked arguments).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,9 +91,11 @@ pub struct Engine {
     pub limits: Limits,
     bufs: Buffers,
     last: Option<Round>,
-    /// An eager step replays one graph of its three launches (per launch geometry).
+    /// An eager step replays one graph of its three launches, an eager accept one of its
+    /// walk (+ the generator's advance) (+ the readback), per launch geometry.
     eager_graphs: bool,
-    graphs: GraphCache<BuildParams, KernelGraph>,
+    build_graphs: GraphCache<BuildParams, KernelGraph>,
+    accept_graphs: GraphCache<AcceptGraph, KernelGraph>,
 }
 
 impl Engine {
@@ -100,7 +106,8 @@ impl Engine {
             bufs,
             last: None,
             eager_graphs: true,
-            graphs: GraphCache::default(),
+            build_graphs: GraphCache::default(),
+            accept_graphs: GraphCache::default(),
         }
     }
 
@@ -204,29 +211,19 @@ impl Engine {
             &shape, &logits, roots, prefix, &b.tree, &b.scratch, ALL_STAGES,
         );
         let (dev, _ctx) = enter_device(self.ordinal)?;
-        let kernels = build_kernels(&dev, &shape, logits.dtype, ALL_STAGES);
-        let key = GraphKey::of(&kernels);
+        let mut nodes: Vec<Node> = build_kernels(&dev, &shape, logits.dtype, ALL_STAGES)
+            .into_iter()
+            .map(|k| (k, Params::one(&p)))
+            .collect();
         let plain = !self.eager_graphs || is_capturing(stream)?;
-        match self.graphs.plan(plain, &key, &p) {
-            Action::Plain => {
-                for k in &kernels {
-                    launch_params(k.call, k.f, k.grid, k.block, k.smem, stream as CUstream, &p)?;
-                }
-            }
-            Action::Build => {
-                let g = KernelGraph::new(self.ordinal, &kernels, &p)?;
-                g.launch(stream)?;
-                self.graphs.insert(key, p, g);
-            }
-            Action::Update | Action::Launch => {
-                let (held, g) = self.graphs.get_mut(&key).expect("planned from this cache");
-                if *held != p {
-                    g.update(&kernels, &p)?;
-                    *held = p;
-                }
-                g.launch(stream)?;
-            }
-        }
+        run(
+            &mut self.build_graphs,
+            self.ordinal,
+            plain,
+            &mut nodes,
+            p,
+            stream,
+        )?;
         self.last = Some(r);
         Ok(r)
     }
@@ -236,9 +233,9 @@ impl Engine {
         self.eager_graphs = on;
     }
 
-    /// Build graphs instantiated so far (one per launch geometry).
+    /// Graphs instantiated so far (one per launch geometry of a step or an accept).
     pub fn graphs(&self) -> usize {
-        self.graphs.len()
+        self.build_graphs.len() + self.accept_graphs.len()
     }
 
     /// SPEC stage 4 for the last step's tree, greedy or (`sampled`) from the sampling
@@ -248,7 +245,7 @@ impl Engine {
     /// # Safety
     /// `target` addresses live device logits on this engine's device.
     pub unsafe fn accept(
-        &self,
+        &mut self,
         stream: u64,
         target: Logits,
         sampled: bool,
@@ -262,19 +259,42 @@ impl Engine {
             next_sibling: t.next_sibling,
         };
         let sampling = sampled.then_some(self.bufs.sampling);
-        accept_tree(
+        let (dev, _ctx) = enter_device(self.ordinal)?;
+        let (p, kernels) =
+            accept_launches(&dev, target, r.path_len(), links, self.bufs.acc, sampling)?;
+        let mut nodes: Vec<Node> = kernels.into_iter().map(|k| (k, Params::one(&p))).collect();
+        let (ring, src) = (self.bufs.ring, self.readback_src(r));
+        let readback = if publish {
+            let k = readback_kernel(&dev, &ring, &src)?;
+            let mut args = Params::new();
+            args.arg(&ring).arg(&src);
+            nodes.push((k, args));
+            Some((ring, src))
+        } else {
+            None
+        };
+        let plain = !self.eager_graphs || is_capturing(stream)?;
+        run(
+            &mut self.accept_graphs,
             self.ordinal,
+            plain,
+            &mut nodes,
+            (p, readback),
             stream,
-            target,
-            r.path_len(),
-            links,
-            self.bufs.acc,
-            sampling,
         )?;
-        if publish {
-            self.publish(stream)?;
-        }
         Ok(r)
+    }
+
+    fn readback_src(&self, r: Round) -> ReadbackSrc {
+        let a = &self.bufs.acc;
+        ReadbackSrc {
+            accept_len: a.accept_len,
+            bonus: a.bonus,
+            accepted_tokens: a.accepted_tokens,
+            status: a.status,
+            bs: r.bs as i32,
+            path_len: r.path_len() as i32,
+        }
     }
 
     /// Writes scalar sampling parameters (temperature, top_k, top_p) for the last step's
@@ -322,16 +342,7 @@ impl Engine {
     /// The buffers are alive and an accept ran on `stream` (or before it) for this round.
     pub unsafe fn publish(&self, stream: u64) -> Result<(), CudaError> {
         let r = self.round("publish")?;
-        let a = &self.bufs.acc;
-        let src = ReadbackSrc {
-            accept_len: a.accept_len,
-            bonus: a.bonus,
-            accepted_tokens: a.accepted_tokens,
-            status: a.status,
-            bs: r.bs as i32,
-            path_len: r.path_len() as i32,
-        };
-        readback(self.ordinal, stream, self.bufs.ring, src)
+        readback(self.ordinal, stream, self.bufs.ring, self.readback_src(r))
     }
 
     /// SPEC stage 5's kept slots and release mask for the last acceptance, from the verify

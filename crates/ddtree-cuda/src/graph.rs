@@ -8,10 +8,9 @@
 //! The decision (`GraphCache::plan`) is plain data, tested without a GPU.
 
 use crate::device::enter_device;
-use crate::{CudaError, Kernel};
+use crate::{launch, CudaError, Kernel, Params};
 use cudarc::driver::sys::{self, CUgraph, CUgraphExec, CUgraphNode, CUstream};
 use std::collections::HashMap;
-use std::ffi::c_void;
 
 /// One node's function (as an address), grid, block and shared memory.
 type NodeShape = (usize, (u32, u32, u32), u32, usize);
@@ -107,7 +106,7 @@ pub struct KernelGraph {
 unsafe impl Send for KernelGraph {}
 unsafe impl Sync for KernelGraph {}
 
-fn node_params(k: &Kernel, arg: &mut *mut c_void) -> sys::CUDA_KERNEL_NODE_PARAMS {
+fn node_params(k: &Kernel, args: &mut Params) -> sys::CUDA_KERNEL_NODE_PARAMS {
     // SAFETY: a plain C struct; zero is a valid value of every field (null kern/ctx: the
     // function and the current context are used).
     let mut n: sys::CUDA_KERNEL_NODE_PARAMS = unsafe { std::mem::zeroed() };
@@ -115,16 +114,19 @@ fn node_params(k: &Kernel, arg: &mut *mut c_void) -> sys::CUDA_KERNEL_NODE_PARAM
     (n.gridDimX, n.gridDimY, n.gridDimZ) = k.grid;
     (n.blockDimX, n.blockDimY, n.blockDimZ) = (k.block, 1, 1);
     n.sharedMemBytes = k.smem as u32;
-    n.kernelParams = arg as *mut *mut c_void;
+    n.kernelParams = args.as_mut_ptr();
     n
 }
 
+/// A kernel and its arguments (the driver copies their values when a node is set).
+pub(crate) type Node = (Kernel, Params);
+
 impl KernelGraph {
-    /// Builds and instantiates the chain of `kernels` with parameters `p`.
+    /// Builds and instantiates the chain of `nodes`.
     ///
     /// # Safety
-    /// `p`'s pointers address live device memory for every later launch of the graph.
-    pub unsafe fn new<P>(ordinal: usize, kernels: &[Kernel], p: &P) -> Result<Self, CudaError> {
+    /// The arguments' pointers address live device memory for every later launch.
+    pub(crate) unsafe fn new(ordinal: usize, nodes: &mut [Node]) -> Result<Self, CudaError> {
         let (_dev, _ctx) = enter_device(ordinal)?;
         let mut graph: CUgraph = std::ptr::null_mut();
         sys::cuGraphCreate(&mut graph, 0)
@@ -134,11 +136,10 @@ impl KernelGraph {
             ordinal,
             graph,
             exec: std::ptr::null_mut(),
-            nodes: Vec::with_capacity(kernels.len()),
+            nodes: Vec::with_capacity(nodes.len()),
         };
-        let mut arg = p as *const P as *mut c_void;
-        for k in kernels {
-            let params = node_params(k, &mut arg);
+        for (k, args) in nodes.iter_mut() {
+            let params = node_params(k, args);
             let mut node: CUgraphNode = std::ptr::null_mut();
             let deps = g
                 .nodes
@@ -156,14 +157,13 @@ impl KernelGraph {
         Ok(g)
     }
 
-    /// Points every node at parameters `p` (the geometry is unchanged).
+    /// Points every node at new arguments (the geometry is unchanged).
     ///
     /// # Safety
     /// As [`KernelGraph::new`].
-    pub unsafe fn update<P>(&mut self, kernels: &[Kernel], p: &P) -> Result<(), CudaError> {
-        let mut arg = p as *const P as *mut c_void;
-        for (k, &node) in kernels.iter().zip(&self.nodes) {
-            let params = node_params(k, &mut arg);
+    pub(crate) unsafe fn update(&mut self, nodes: &mut [Node]) -> Result<(), CudaError> {
+        for ((k, args), &node) in nodes.iter_mut().zip(&self.nodes) {
+            let params = node_params(k, args);
             sys::cuGraphExecKernelNodeSetParams_v2(self.exec, node, &params)
                 .result()
                 .map_err(|e| CudaError::driver("cuGraphExecKernelNodeSetParams", e))?;
@@ -172,12 +172,59 @@ impl KernelGraph {
     }
 
     /// # Safety
-    /// The parameters the nodes hold still address live memory.
+    /// The arguments the nodes hold still address live memory.
     pub unsafe fn launch(&self, stream: u64) -> Result<(), CudaError> {
         sys::cuGraphLaunch(self.exec, stream as CUstream)
             .result()
             .map_err(|e| CudaError::driver("cuGraphLaunch", e))
     }
+}
+
+/// Runs `nodes` on `stream`: plainly when `plain` (the stream is capturing, or graphs are
+/// off), else as the cached graph of their geometry — built on first use, its nodes
+/// updated when `params` (the values the arguments hold) differ from the graph's.
+///
+/// # Safety
+/// As [`KernelGraph::new`]; `params` are the values `nodes`' arguments point at.
+pub(crate) unsafe fn run<P: PartialEq + Copy>(
+    cache: &mut GraphCache<P, KernelGraph>,
+    ordinal: usize,
+    plain: bool,
+    nodes: &mut [Node],
+    params: P,
+    stream: u64,
+) -> Result<(), CudaError> {
+    let kernels: Vec<Kernel> = nodes.iter().map(|n| n.0).collect();
+    let key = GraphKey::of(&kernels);
+    match cache.plan(plain, &key, &params) {
+        Action::Plain => {
+            for (k, args) in nodes.iter_mut() {
+                launch(
+                    k.call,
+                    k.f,
+                    k.grid,
+                    k.block,
+                    k.smem,
+                    stream as CUstream,
+                    args,
+                )?;
+            }
+        }
+        Action::Build => {
+            let g = KernelGraph::new(ordinal, nodes)?;
+            g.launch(stream)?;
+            cache.insert(key, params, g);
+        }
+        Action::Update | Action::Launch => {
+            let (held, g) = cache.get_mut(&key).expect("planned from this cache");
+            if *held != params {
+                g.update(nodes)?;
+                *held = params;
+            }
+            g.launch(stream)?;
+        }
+    }
+    Ok(())
 }
 
 impl Drop for KernelGraph {

@@ -155,6 +155,15 @@ impl Params {
         self.0.push(value as *const T as *mut c_void);
         self
     }
+    /// One argument: a kernel that takes one parameter struct.
+    pub(crate) fn one<T>(value: &T) -> Self {
+        let mut p = Self::new();
+        p.arg(value);
+        p
+    }
+    pub(crate) fn as_mut_ptr(&mut self) -> *mut *mut c_void {
+        self.0.as_mut_ptr()
+    }
 }
 
 /// # Safety

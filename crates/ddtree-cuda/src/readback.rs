@@ -4,13 +4,13 @@
 //! call write fresh slots. [`SlotLayout`] is the slot format both sides read; the host's
 //! reader lives with the Stepper (Python), which only needs the layout's word offsets.
 
-use crate::device::enter_device;
-use crate::{launch, CudaError, Params};
+use crate::device::{enter_device, Device};
+use crate::{launch, CudaError, Kernel, Params};
 use cudarc::driver::sys::CUstream;
 
 /// The ring as the kernel takes it (by value; layout asserted in readback.cuh).
 #[repr(C)]
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReadbackRing {
     /// Device address of the mapped pinned slots, `[nslots, slot_words]` int64.
     pub slots: u64,
@@ -22,7 +22,7 @@ pub struct ReadbackRing {
 
 /// The acceptance fields a readback copies (device addresses) and their shape.
 #[repr(C)]
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReadbackSrc {
     pub accept_len: u64,
     pub bonus: u64,
@@ -87,6 +87,28 @@ pub unsafe fn readback(
     ring: ReadbackRing,
     src: ReadbackSrc,
 ) -> Result<(), CudaError> {
+    let (dev, _ctx) = enter_device(ordinal)?;
+    let k = readback_kernel(&dev, &ring, &src)?;
+    let mut p = Params::new();
+    p.arg(&ring).arg(&src);
+    launch(
+        k.call,
+        k.f,
+        k.grid,
+        k.block,
+        k.smem,
+        stream as CUstream,
+        &mut p,
+    )
+}
+
+/// The readback's launch (its arguments: `ring`, then `src`), after checking that a slot
+/// holds `src`.
+pub(crate) fn readback_kernel(
+    dev: &Device,
+    ring: &ReadbackRing,
+    src: &ReadbackSrc,
+) -> Result<Kernel, CudaError> {
     let need = SlotLayout::of(src.bs as usize, src.path_len as usize).end + 1;
     if ring.nslots < 1 || (ring.slot_words as usize) < need {
         return Err(CudaError::arg(format!(
@@ -94,18 +116,13 @@ pub unsafe fn readback(
             ring.slot_words, src.bs, src.path_len
         )));
     }
-    let (dev, _ctx) = enter_device(ordinal)?;
-    let mut p = Params::new();
-    p.arg(&ring).arg(&src);
-    launch(
-        "cuLaunchKernel(readback)",
-        dev.readback,
-        (1, 1, 1),
-        READBACK_THREADS,
-        0,
-        stream as CUstream,
-        &mut p,
-    )
+    Ok(Kernel {
+        call: "cuLaunchKernel(readback)",
+        f: dev.readback,
+        grid: (1, 1, 1),
+        block: READBACK_THREADS,
+        smem: 0,
+    })
 }
 
 /// The device address of pinned host memory at `host`, when the driver maps it into the

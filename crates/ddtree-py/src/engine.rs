@@ -134,7 +134,7 @@ impl CudaEngine {
     /// parameters the Stepper loaded into its sampling state; `readback` publishes it.
     /// Returns the round's (bs, depth, K, V).
     fn accept<'py>(
-        &self,
+        &mut self,
         py: Python<'py>,
         target_logits: &Bound<'py, PyAny>,
         sampled: bool,
