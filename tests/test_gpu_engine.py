@@ -192,8 +192,8 @@ def test_a_bad_window_raises_what_the_cpu_stepper_raises(case):
     ],
     ids=str,
 )
-def test_scalar_sampling_loaded_in_one_launch_draws_what_accept_tree_draws(params):
-    # Stepper.accept loads scalar parameters and the seed with one kernel; the functional
+def test_scalar_sampling_loaded_by_the_accept_draws_what_accept_tree_draws(params):
+    # Stepper.accept loads scalar parameters and the seed in its own graph; the functional
     # accept_tree fills a fresh sampling state with torch: the same draws, seed for seed.
     stepper = steppers()["cuda"]
     x, roots, prefix = inputs("cuda", seed=5)

@@ -145,7 +145,12 @@ class CudaEngine:
         self, draft_logits: Tensor, root_tokens: Tensor, prefix_lens: Tensor
     ) -> tuple[int, int, int, int]: ...
     def accept(
-        self, target_logits: Tensor, sampled: bool, readback: bool
+        self,
+        target_logits: Tensor,
+        sampled: bool,
+        readback: bool,
+        params: tuple[float, int, float] | None = None,
+        seed: int | None = None,
     ) -> tuple[int, int, int, int]: ...
     def check_target(self, target_logits: Tensor) -> None: ...
     eager_graphs: bool  # write-only: eager steps as one graph launch (default) or plain

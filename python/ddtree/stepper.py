@@ -207,20 +207,25 @@ class Stepper:
         return acc
 
     def _accept_cuda(self, target_logits, temperature, top_k, top_p, generator, readback):
-        """Greedy: one engine call. Sampling: the target is checked first, then the
-        per-request parameters are loaded into the sampling state the kernel reads."""
-        sampled = not _sampling.is_greedy(temperature)
-        if sampled:
+        """One engine call: greedy, or sampling with scalar parameters (loaded by the accept
+        itself). Tensor parameters: the target is checked first, then the tensors are
+        copied into the sampling state the kernel reads."""
+        if _sampling.is_greedy(temperature):
+            self._engine.accept(target_logits, False, readback)
+            return
+        if isinstance(generator, torch.Generator):  # drawing a seed changes it: check first
             self._engine.check_target(target_logits)
-            seed = None if generator is None else _api.seed_of(generator) & _sampling.SEED_MASK
-            if any(isinstance(v, torch.Tensor) for v in (temperature, top_k, top_p)):
-                if seed is not None:
-                    self._engine.load_sampling(None, seed)
-                self._sampling.load(self._tree.batch_size, temperature, top_k, top_p)
-            else:  # scalars (or None) and the seed: one launch
-                params = _sampling.SamplingState.scalars(temperature, top_k, top_p)
-                self._engine.load_sampling(params, seed)
-        self._engine.accept(target_logits, sampled, readback)
+        seed = None if generator is None else _api.seed_of(generator) & _sampling.SEED_MASK
+        if not any(isinstance(v, torch.Tensor) for v in (temperature, top_k, top_p)):
+            # Scalars (or None) and the seed: written by the accept's own first kernel.
+            params = _sampling.SamplingState.scalars(temperature, top_k, top_p)
+            self._engine.accept(target_logits, True, readback, params, seed)
+            return
+        self._engine.check_target(target_logits)
+        if seed is not None:
+            self._engine.load_sampling(None, seed)
+        self._sampling.load(self._tree.batch_size, temperature, top_k, top_p)
+        self._engine.accept(target_logits, True, readback)
 
     def _publish(self, acc: Acceptance, readback: bool) -> None:
         if not readback:

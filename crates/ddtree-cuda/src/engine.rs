@@ -6,21 +6,21 @@
 
 use crate::accept::{accept_launches, AcceptPtrs, Sampling, WalkTree};
 use crate::commit::{kept_slots, CommitPath};
-use crate::device::enter_device;
+use crate::device::{enter_device, Device};
 use crate::graph::{is_capturing, run, GraphCache, KernelGraph, Node};
 use crate::launch::BuildShape;
 use crate::params::{AcceptParams, BuildParams};
 use crate::readback::{readback, readback_kernel, ReadbackRing, ReadbackSrc};
 use crate::{
-    build_kernels, build_params, launch_params, CudaError, Logits, Params, Scratch, TreePtrs,
-    ALL_STAGES,
+    build_kernels, build_params, launch_params, CudaError, Kernel, Logits, Params, Scratch,
+    TreePtrs, ALL_STAGES,
 };
 use cudarc::driver::sys::CUstream;
 
 /// `kernels/include/ddtree/sample.cuh`'s `SamplingLoad`, by value (layout asserted on both
 /// sides): scalar parameters for `bs` requests and/or a new seed, in one launch.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct SamplingLoad {
     pub temperature: u64,
     pub top_k: u64,
@@ -39,8 +39,23 @@ pub struct SamplingLoad {
 
 const LOAD_SAMPLING_THREADS: u32 = 256;
 
-/// What an accept graph's nodes hold: the walk's struct and the readback's arguments.
-type AcceptGraph = (AcceptParams, Option<(ReadbackRing, ReadbackSrc)>);
+/// What an accept graph's nodes hold: the sampling load, the walk's struct and the
+/// readback's arguments.
+type AcceptGraph = (
+    Option<SamplingLoad>,
+    AcceptParams,
+    Option<(ReadbackRing, ReadbackSrc)>,
+);
+
+fn load_kernel(dev: &Device) -> Kernel {
+    Kernel {
+        call: "cuLaunchKernel(load_sampling)",
+        f: dev.load_sampling,
+        grid: (1, 1, 1),
+        block: LOAD_SAMPLING_THREADS,
+        smem: 0,
+    }
+}
 
 /// What a Stepper was built for (its constructor's checked arguments).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -239,8 +254,8 @@ impl Engine {
     }
 
     /// SPEC stage 4 for the last step's tree, greedy or (`sampled`) from the sampling
-    /// state's per-request parameters; `publish` also stores the acceptance into the
-    /// readback ring.
+    /// state's per-request parameters, which `load` (scalar parameters, a seed) writes
+    /// first when given; `publish` also stores the acceptance into the readback ring.
     ///
     /// # Safety
     /// `target` addresses live device logits on this engine's device.
@@ -250,6 +265,7 @@ impl Engine {
         target: Logits,
         sampled: bool,
         publish: bool,
+        load: Option<SamplingLoad>,
     ) -> Result<Round, CudaError> {
         let r = self.plan_accept(target.shape)?;
         let t = &self.bufs.tree;
@@ -262,7 +278,11 @@ impl Engine {
         let (dev, _ctx) = enter_device(self.ordinal)?;
         let (p, kernels) =
             accept_launches(&dev, target, r.path_len(), links, self.bufs.acc, sampling)?;
-        let mut nodes: Vec<Node> = kernels.into_iter().map(|k| (k, Params::one(&p))).collect();
+        let mut nodes: Vec<Node> = Vec::with_capacity(4);
+        if let Some(a) = &load {
+            nodes.push((load_kernel(&dev), Params::one(a)));
+        }
+        nodes.extend(kernels.into_iter().map(|k| (k, Params::one(&p))));
         let (ring, src) = (self.bufs.ring, self.readback_src(r));
         let readback = if publish {
             let k = readback_kernel(&dev, &ring, &src)?;
@@ -274,12 +294,13 @@ impl Engine {
             None
         };
         let plain = !self.eager_graphs || is_capturing(stream)?;
+        let held = (load, p, readback);
         run(
             &mut self.accept_graphs,
             self.ordinal,
             plain,
             &mut nodes,
-            (p, readback),
+            held,
             stream,
         )?;
         Ok(r)
@@ -297,21 +318,17 @@ impl Engine {
         }
     }
 
-    /// Writes scalar sampling parameters (temperature, top_k, top_p) for the last step's
-    /// requests and/or (`seed`) restarts the generator, in one launch.
-    ///
-    /// # Safety
-    /// The buffers are alive.
-    pub unsafe fn load_sampling(
+    /// The `SamplingLoad` that writes scalar parameters (temperature, top_k, top_p) for the
+    /// last step's requests and/or (`seed`) restarts the generator.
+    pub fn sampling_load(
         &self,
-        stream: u64,
         params: Option<(f32, i32, f32)>,
         seed: Option<i64>,
-    ) -> Result<(), CudaError> {
+    ) -> Result<SamplingLoad, CudaError> {
         let r = self.round("accept")?;
         let s = &self.bufs.sampling;
         let (t, k, p) = params.unwrap_or_default();
-        let a = SamplingLoad {
+        Ok(SamplingLoad {
             temperature: s.temperature,
             top_k: s.top_k,
             top_p: s.top_p,
@@ -323,17 +340,18 @@ impl Engine {
             bs: if params.is_some() { r.bs as i32 } else { 0 },
             reseed: i32::from(seed.is_some()),
             pad: 0,
-        };
+        })
+    }
+
+    /// Runs a `SamplingLoad` alone (one launch; for parameters given as tensors, whose
+    /// copies follow it).
+    ///
+    /// # Safety
+    /// The buffers are alive.
+    pub unsafe fn load_sampling(&self, stream: u64, a: SamplingLoad) -> Result<(), CudaError> {
         let (dev, _ctx) = enter_device(self.ordinal)?;
-        launch_params(
-            "cuLaunchKernel(load_sampling)",
-            dev.load_sampling,
-            (1, 1, 1),
-            LOAD_SAMPLING_THREADS,
-            0,
-            stream as CUstream,
-            &a,
-        )
+        let k = load_kernel(&dev);
+        launch_params(k.call, k.f, k.grid, k.block, k.smem, stream as CUstream, &a)
     }
 
     /// Stores the last acceptance into the readback ring's next slot.

@@ -131,20 +131,33 @@ impl CudaEngine {
     }
 
     /// SPEC stage 4 for the last step's tree: greedy, or (`sampled`) from the per-request
-    /// parameters the Stepper loaded into its sampling state; `readback` publishes it.
-    /// Returns the round's (bs, depth, K, V).
+    /// parameters of the Stepper's sampling state — written first, in the same graph, when
+    /// `params` (scalar temperature, top_k, top_p) or `seed` are given; `readback`
+    /// publishes it. Returns the round's (bs, depth, K, V).
+    #[pyo3(signature = (target_logits, sampled, readback, params=None, seed=None))]
     fn accept<'py>(
         &mut self,
         py: Python<'py>,
         target_logits: &Bound<'py, PyAny>,
         sampled: bool,
         readback: bool,
+        params: Option<(f32, i32, f32)>,
+        seed: Option<i64>,
     ) -> PyResult<Bound<'py, PyTuple>> {
         let t = self.check_target(target_logits)?;
+        let load = if params.is_some() || seed.is_some() {
+            Some(
+                self.engine
+                    .sampling_load(params, seed)
+                    .map_err(errors::cuda_to_py)?,
+            )
+        } else {
+            None
+        };
         let stream = self.stream(py)?;
         // SAFETY: checked live device logits of the last tree's shape.
         let r = py
-            .detach(|| unsafe { self.engine.accept(stream, t, sampled, readback) })
+            .detach(|| unsafe { self.engine.accept(stream, t, sampled, readback, load) })
             .map_err(errors::cuda_to_py)?;
         round_key(py, r)
     }
@@ -182,8 +195,9 @@ impl CudaEngine {
         });
     }
 
-    /// Loads scalar sampling parameters `(temperature, top_k, top_p)` for the last step's
-    /// requests and/or restarts the generator at `seed`, in one launch.
+    /// Restarts the generator at `seed` and/or loads scalar sampling parameters `(temperature,
+    /// top_k, top_p)` for the last step's requests, in one launch (the Stepper's tensor
+    /// path: the tensors' copies follow).
     #[pyo3(signature = (params, seed=None))]
     fn load_sampling(
         &self,
@@ -191,9 +205,13 @@ impl CudaEngine {
         params: Option<(f32, i32, f32)>,
         seed: Option<i64>,
     ) -> PyResult<()> {
+        let a = self
+            .engine
+            .sampling_load(params, seed)
+            .map_err(errors::cuda_to_py)?;
         let stream = self.stream(py)?;
         // SAFETY: the sampling state's buffers are alive (the Stepper owns them).
-        py.detach(|| unsafe { self.engine.load_sampling(stream, params, seed) })
+        py.detach(|| unsafe { self.engine.load_sampling(stream, a) })
             .map_err(errors::cuda_to_py)
     }
 
