@@ -3,8 +3,7 @@
 
 use crate::device::{enter_device, Device};
 use crate::params::AcceptParams;
-use crate::{launch_params, CudaError, Dtype, Kernel, Logits};
-use cudarc::driver::sys::CUstream;
+use crate::{CudaError, Dtype, Kernel, Logits, Params};
 
 /// Threads per block of the accept kernel (`kAcceptThreads`).
 pub const ACCEPT_THREADS: u32 = 256;
@@ -65,7 +64,7 @@ pub unsafe fn accept_tree(
     let (dev, _ctx) = enter_device(ordinal)?;
     let (p, kernels) = accept_launches(&dev, target, path_len, tree, out, sampling)?;
     for k in kernels {
-        launch_params(k.call, k.f, k.grid, k.block, k.smem, stream as CUstream, &p)?;
+        k.launch(stream, &mut Params::one(&p))?;
     }
     Ok(())
 }

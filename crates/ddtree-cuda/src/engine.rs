@@ -12,10 +12,8 @@ use crate::launch::BuildShape;
 use crate::params::{AcceptParams, BuildParams};
 use crate::readback::{readback, readback_kernel, ReadbackRing, ReadbackSrc};
 use crate::{
-    build_kernels, build_params, launch_params, CudaError, Kernel, Logits, Params, Scratch,
-    TreePtrs, ALL_STAGES,
+    build_kernels, build_params, CudaError, Kernel, Logits, Params, Scratch, TreePtrs, ALL_STAGES,
 };
-use cudarc::driver::sys::CUstream;
 
 /// `kernels/include/ddtree/sample.cuh`'s `SamplingLoad`, by value (layout asserted on both
 /// sides): scalar parameters for `bs` requests and/or a new seed, in one launch.
@@ -351,7 +349,7 @@ impl Engine {
     pub unsafe fn load_sampling(&self, stream: u64, a: SamplingLoad) -> Result<(), CudaError> {
         let (dev, _ctx) = enter_device(self.ordinal)?;
         let k = load_kernel(&dev);
-        launch_params(k.call, k.f, k.grid, k.block, k.smem, stream as CUstream, &a)
+        k.launch(stream, &mut Params::one(&a))
     }
 
     /// Stores the last acceptance into the readback ring's next slot.

@@ -8,7 +8,7 @@
 //! The decision (`GraphCache::plan`) is plain data, tested without a GPU.
 
 use crate::device::enter_device;
-use crate::{launch, CudaError, Kernel, Params};
+use crate::{CudaError, Kernel, Params};
 use cudarc::driver::sys::{self, CUgraph, CUgraphExec, CUgraphNode, CUstream};
 use std::collections::HashMap;
 
@@ -199,15 +199,7 @@ pub(crate) unsafe fn run<P: PartialEq + Copy>(
     match cache.plan(plain, &key, &params) {
         Action::Plain => {
             for (k, args) in nodes.iter_mut() {
-                launch(
-                    k.call,
-                    k.f,
-                    k.grid,
-                    k.block,
-                    k.smem,
-                    stream as CUstream,
-                    args,
-                )?;
+                k.launch(stream, args)?;
             }
         }
         Action::Build => {

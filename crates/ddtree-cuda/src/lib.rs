@@ -221,7 +221,7 @@ pub unsafe fn build_tree(
     let p = build_params(&shape, &logits, roots, prefix, &out, &scratch, stages);
     let (dev, _ctx) = enter_device(ordinal)?;
     for k in build_kernels(&dev, &shape, logits.dtype, stages) {
-        launch_params(k.call, k.f, k.grid, k.block, k.smem, stream as CUstream, &p)?;
+        k.launch(stream, &mut Params::one(&p))?;
     }
     Ok(())
 }
@@ -234,6 +234,25 @@ pub(crate) struct Kernel {
     pub grid: (u32, u32, u32),
     pub block: u32,
     pub smem: usize,
+}
+
+impl Kernel {
+    /// Launches the kernel on `stream` with `args` (pointers to its arguments).
+    ///
+    /// # Safety
+    /// `args` must match the kernel's parameters and address live values.
+    pub(crate) unsafe fn launch(&self, stream: u64, args: &mut Params) -> Result<(), CudaError> {
+        let (grid, block, smem) = (self.grid, self.block, self.smem);
+        launch(
+            self.call,
+            self.f,
+            grid,
+            block,
+            smem,
+            stream as CUstream,
+            args,
+        )
+    }
 }
 
 /// The launches of the stages in `stages` (bits 1 | 2 | 4), in order: stage 1 one block per

@@ -5,8 +5,7 @@
 //! reader lives with the Stepper (Python), which only needs the layout's word offsets.
 
 use crate::device::{enter_device, Device};
-use crate::{launch, CudaError, Kernel, Params};
-use cudarc::driver::sys::CUstream;
+use crate::{CudaError, Kernel, Params};
 
 /// The ring as the kernel takes it (by value; layout asserted in readback.cuh).
 #[repr(C)]
@@ -91,15 +90,7 @@ pub unsafe fn readback(
     let k = readback_kernel(&dev, &ring, &src)?;
     let mut p = Params::new();
     p.arg(&ring).arg(&src);
-    launch(
-        k.call,
-        k.f,
-        k.grid,
-        k.block,
-        k.smem,
-        stream as CUstream,
-        &mut p,
-    )
+    k.launch(stream, &mut p)
 }
 
 /// The readback's launch (its arguments: `ring`, then `src`), after checking that a slot
