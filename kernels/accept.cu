@@ -13,14 +13,17 @@ __device__ void accept_entry(const ddtree::AcceptParams& p) {
   const int b = blockIdx.x / ddtree::kAcceptCluster;
   const int rank = static_cast<int>(cooperative_groups::this_cluster().block_rank());
   const long long row = static_cast<long long>(b) * p.q, path = static_cast<long long>(b) * p.path_len;
-  const ddtree::SampleArgs args{p.temperature, p.top_k, p.top_p, p.rng};
+  const ddtree::Sampling& sp = p.sampling;
+  const ddtree::SampleArgs args{sp.temperature, sp.top_k, sp.top_p, sp.rng};
   const T* logits = static_cast<const T*>(p.logits);
   ddtree::accept_request<T>(
       logits + b * p.s0, p.s1, p.s2, p.V, p.q, p.path_len, b, rank,
-      ddtree::AcceptTree{p.verify_ids + row, p.first_child + row, p.next_sibling + row},
-      ddtree::AcceptOut{p.accepted_nodes + path, p.accepted_tokens + path, p.accept_index + path,
-                        p.accept_len + b, p.bonus + b, p.status + b},
-      p.temperature != nullptr ? &args : nullptr,
+      ddtree::AcceptTree{p.tree.verify_ids + row, p.tree.first_child + row,
+                         p.tree.next_sibling + row},
+      ddtree::AcceptOut{p.out.accepted_nodes + path, p.out.accepted_tokens + path,
+                        p.out.accept_index + path, p.out.accept_len + b, p.out.bonus + b,
+                        p.out.status + b},
+      sp.temperature != nullptr ? &args : nullptr,
       p.cache_slice ? reinterpret_cast<T*>(dynamic_smem) : nullptr,
       reinterpret_cast<int*>(dynamic_smem) +
           (p.cache_slice ? ddtree::accept_slice_len(p.V) * sizeof(T) / sizeof(int) : 0),
@@ -41,7 +44,7 @@ DDTREE_ACCEPT(ddtree_accept_bf16, __nv_bfloat16)
 // Advances the generator's offset after a sampling accept, so that the next call (or the
 // next replay of a graph that captured it) draws fresh numbers.
 extern "C" __global__ void ddtree_advance_rng(const __grid_constant__ ddtree::AcceptParams p) {
-  p.rng[1] += 1;
+  p.sampling.rng[1] += 1;
 }
 
 // Scalar sampling parameters for every request and/or a new seed, in one launch

@@ -13,8 +13,9 @@
     const T* r = static_cast<const T*>(p.logits) + static_cast<long long>(b) * p.s0 +       \
                  static_cast<long long>(d) * p.s1;                                          \
     const long long at = static_cast<long long>(row) * p.K;                                 \
-    ddtree::candidates_row<T>(r, p.s2, p.V, p.K, p.topk_logprobs + at, p.topk_ids + at,     \
-                              p.eligible + row, p.bad + row, s);                            \
+    ddtree::candidates_row<T>(r, p.s2, p.V, p.K, p.out.topk_logprobs + at,                 \
+                              p.out.topk_ids + at, p.scratch.eligible + row,                \
+                              p.scratch.bad + row, s);                                      \
   }
 
 DDTREE_CANDIDATES(ddtree_candidates_f32, float)

@@ -10,9 +10,10 @@ extern "C" __global__ void __launch_bounds__(256)
   const int q = p.budget + 1;
   const long long row = static_cast<long long>(b) * q;
   const int words = (q + 31) / 32;
-  ddtree::emit_request(p.roots[b], p.prefix[b] < 0 ? 0 : p.prefix[b], q, p.depths + row,
-                       p.parents + row, p.verify_ids + row, p.positions + row,
-                       p.ancestor_bits + static_cast<long long>(b) * q * words, s_parent);
+  const ddtree::TreePtrs& t = p.out;
+  ddtree::emit_request(p.roots[b], p.prefix[b] < 0 ? 0 : p.prefix[b], q, t.depths + row,
+                       t.parents + row, t.verify_ids + row, t.positions + row,
+                       t.ancestor_bits + static_cast<long long>(b) * q * words, s_parent);
 }
 
 // grid (bs, Q): one block per mask row.

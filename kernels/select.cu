@@ -9,10 +9,10 @@
 
 extern "C" __global__ void __launch_bounds__(ddtree::kSelectThreads, 1)
     ddtree_select(const __grid_constant__ ddtree::BuildParams p) {
-  float* __restrict__ lp = p.topk_logprobs;
-  long long* __restrict__ ti = p.topk_ids;
-  const int* __restrict__ eligible = p.eligible;
-  const int* __restrict__ bad = p.bad;
+  float* __restrict__ lp = p.out.topk_logprobs;
+  long long* __restrict__ ti = p.out.topk_ids;
+  const int* __restrict__ eligible = p.scratch.eligible;
+  const int* __restrict__ bad = p.scratch.bad;
   const long long* __restrict__ roots = p.roots;
   const long long* __restrict__ prefix = p.prefix;
   const int L = p.L, K = p.K, V = p.V, budget = p.budget;
@@ -31,8 +31,9 @@ extern "C" __global__ void __launch_bounds__(ddtree::kSelectThreads, 1)
   __syncthreads();
   const long long row = static_cast<long long>(b) * q;
   const long long cand = static_cast<long long>(b) * L * K;
-  ddtree::SelectOut out{p.verify_ids + row,  p.depths + row,       p.parents + row,
-                        p.first_child + row, p.next_sibling + row, p.scores + row};
+  const ddtree::TreePtrs& t = p.out;
+  ddtree::SelectOut out{t.verify_ids + row,  t.depths + row,       t.parents + row,
+                        t.first_child + row, t.next_sibling + row, t.scores + row};
   int n = -1;
   if (code == 0 && !p.best_first)
     n = ddtree::select_parallel(lp + cand, ti + cand, s_eligible, L, K, budget, out,
@@ -54,11 +55,11 @@ extern "C" __global__ void __launch_bounds__(ddtree::kSelectThreads, 1)
     }
   }
   if (threadIdx.x == 0) {
-    p.num_nodes[b] = n;
-    p.status[b] = code;
+    t.num_nodes[b] = n;
+    t.status[b] = code;
   }
   __syncthreads();
-  if (p.stats != nullptr)  // diagnostics only (null on every real build)
+  if (p.scratch.stats != nullptr)  // diagnostics only (null on every real build)
     for (int i = threadIdx.x; i < ddtree::kStatSlots; i += blockDim.x)
-      p.stats[b * ddtree::kStatSlots + i] = bs.stat[i];
+      p.scratch.stats[b * ddtree::kStatSlots + i] = bs.stat[i];
 }

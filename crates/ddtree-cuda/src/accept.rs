@@ -19,7 +19,8 @@ pub const ACCEPT_SMEM_CAP: usize = SLICE_CACHE_CAP + 12 * LINK_CAP;
 pub const ACCEPT_MAX_VOCAB: usize = 1 << 24;
 
 /// The tree links the walk reads (int64 `[bs, Q]` each).
-#[derive(Debug, Clone, Copy)]
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WalkTree {
     pub verify_ids: u64,
     pub first_child: u64,
@@ -28,7 +29,8 @@ pub struct WalkTree {
 
 /// The walk's outputs: int64 `[bs, L+1]` paths, int64 `[bs]` scalars and the int32 `[bs]`
 /// status (corrupt tree links).
-#[derive(Debug, Clone, Copy)]
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct AcceptPtrs {
     pub accepted_nodes: u64,
     pub accepted_tokens: u64,
@@ -40,7 +42,8 @@ pub struct AcceptPtrs {
 
 /// Per-request sampling parameters (float32 / int32 / float32 `[bs]`) and the generator's
 /// device state (int64 `[2]`: seed, offset; the offset advances after every call).
-#[derive(Debug, Clone, Copy)]
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Sampling {
     pub temperature: u64,
     pub top_k: u64,
@@ -94,30 +97,14 @@ pub(crate) fn accept_launches(
     let [s0, s1, s2] = target.strides;
     let cache = sampling.map_or(0, |_| slice_cache_bytes(vocab, target.dtype));
     let links = if q <= LINK_CAP { 12 * q } else { 0 };
-    let s = sampling.unwrap_or(Sampling {
-        temperature: 0,
-        top_k: 0,
-        top_p: 0,
-        rng: 0,
-    });
     let p = AcceptParams {
         logits: target.ptr,
         s0,
         s1,
         s2,
-        verify_ids: tree.verify_ids,
-        first_child: tree.first_child,
-        next_sibling: tree.next_sibling,
-        accepted_nodes: out.accepted_nodes,
-        accepted_tokens: out.accepted_tokens,
-        accept_index: out.accept_index,
-        accept_len: out.accept_len,
-        bonus: out.bonus,
-        status: out.status,
-        temperature: s.temperature,
-        top_k: s.top_k,
-        top_p: s.top_p,
-        rng: s.rng,
+        tree,
+        out,
+        sampling: sampling.unwrap_or_default(),
         v: vocab as i32,
         q: q as i32,
         path_len: path_len as i32,

@@ -116,7 +116,8 @@ pub struct Logits {
 }
 
 /// Device pointers of every `Tree` output (contiguous, sized for the shape).
-#[derive(Debug, Clone, Copy)]
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TreePtrs {
     pub verify_ids: u64,
     pub positions: u64,
@@ -134,7 +135,8 @@ pub struct TreePtrs {
 
 /// Device scratch of a build: per-row eligible counts and NaN/+inf flags (int32 `[bs*L]`),
 /// and optionally (0 = none) the selection's diagnostics, int64 `[bs, SELECT_STATS]`.
-#[derive(Debug, Clone, Copy)]
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Scratch {
     pub eligible: u64,
     pub bad: u64,
@@ -325,21 +327,8 @@ fn build_params(
         s2,
         roots,
         prefix,
-        topk_logprobs: out.topk_logprobs,
-        topk_ids: out.topk_ids,
-        eligible: scratch.eligible,
-        bad: scratch.bad,
-        verify_ids: out.verify_ids,
-        positions: out.positions,
-        depths: out.depths,
-        parents: out.parents,
-        first_child: out.first_child,
-        next_sibling: out.next_sibling,
-        scores: out.scores,
-        ancestor_bits: out.ancestor_bits,
-        num_nodes: out.num_nodes,
-        status: out.status,
-        stats: scratch.stats,
+        out: *out,
+        scratch: *scratch,
         l: shape.depth as i32,
         v: shape.vocab as i32,
         k: shape.k as i32,

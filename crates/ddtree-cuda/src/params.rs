@@ -1,7 +1,11 @@
 //! The kernels' ABI: the #[repr(C)] twins of `kernels/include/ddtree/params.h`, each passed
 //! by value to its kernels (`__grid_constant__`). Device addresses are `u64`. The tests
 //! below assert the sizes and offsets that the header's static_asserts hold, so a field
-//! added on one side only fails the build there and `cargo test` here.
+//! added on one side only fails the build there and `cargo test` here. The pointer groups
+//! they nest (`TreePtrs`, `Scratch`, `WalkTree`, `AcceptPtrs`, `Sampling`) are the crate's
+//! own launch types, #[repr(C)], each field's offset asserted.
+
+use crate::{AcceptPtrs, Sampling, Scratch, TreePtrs, WalkTree};
 
 /// SPEC stages 1–3: one struct for the candidates, select and emit launches of a build.
 #[repr(C)]
@@ -13,21 +17,8 @@ pub struct BuildParams {
     pub s2: i64,
     pub roots: u64,
     pub prefix: u64,
-    pub topk_logprobs: u64,
-    pub topk_ids: u64,
-    pub eligible: u64,
-    pub bad: u64,
-    pub verify_ids: u64,
-    pub positions: u64,
-    pub depths: u64,
-    pub parents: u64,
-    pub first_child: u64,
-    pub next_sibling: u64,
-    pub scores: u64,
-    pub ancestor_bits: u64,
-    pub num_nodes: u64,
-    pub status: u64,
-    pub stats: u64,
+    pub out: TreePtrs,
+    pub scratch: Scratch,
     pub l: i32,
     pub v: i32,
     pub k: i32,
@@ -36,7 +27,7 @@ pub struct BuildParams {
     pub best_first: i32,
 }
 
-/// SPEC stage 4: the walk (and the generator's advance, which reads `rng`).
+/// SPEC stage 4: the walk (and the generator's advance, which reads `sampling.rng`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct AcceptParams {
@@ -44,20 +35,10 @@ pub struct AcceptParams {
     pub s0: i64,
     pub s1: i64,
     pub s2: i64,
-    pub verify_ids: u64,
-    pub first_child: u64,
-    pub next_sibling: u64,
-    pub accepted_nodes: u64,
-    pub accepted_tokens: u64,
-    pub accept_index: u64,
-    pub accept_len: u64,
-    pub bonus: u64,
-    pub status: u64,
-    /// Null (0) with the three below: a greedy batch.
-    pub temperature: u64,
-    pub top_k: u64,
-    pub top_p: u64,
-    pub rng: u64,
+    pub tree: WalkTree,
+    pub out: AcceptPtrs,
+    /// All null (0) for a greedy batch.
+    pub sampling: Sampling,
     pub v: i32,
     pub q: i32,
     pub path_len: i32,
@@ -100,52 +81,48 @@ mod tests {
     use super::*;
     use std::mem::{offset_of, size_of};
 
-    // The same numbers as the static_asserts in kernels/include/ddtree/params.h.
-    #[test]
-    fn build_params_match_the_header() {
-        assert_eq!(size_of::<BuildParams>(), 192);
-        assert_eq!(offset_of!(BuildParams, roots), 32);
-        assert_eq!(offset_of!(BuildParams, stats), 160);
-        assert_eq!(offset_of!(BuildParams, l), 168);
-        assert_eq!(offset_of!(BuildParams, best_first), 188);
+    // The same numbers as the static_asserts in kernels/include/ddtree/params.h, and the
+    // header must state each of them (a change on one side only fails here).
+    const HEADER: &str = include_str!("../../../kernels/include/ddtree/params.h");
+
+    macro_rules! layout {
+        ($t:ident, size $size:expr, $($f:ident $off:expr),*) => {{
+            assert_eq!(size_of::<$t>(), $size, "size of {}", stringify!($t));
+            let line = format!("sizeof({}) == {}", stringify!($t), $size);
+            assert!(HEADER.contains(&line), "params.h lacks `{line}`");
+            $(
+                assert_eq!(offset_of!($t, $f), $off, "{}.{}", stringify!($t), stringify!($f));
+                let line = format!("offsetof({}, {}) == {}", stringify!($t), stringify!($f), $off);
+                assert!(HEADER.contains(&line), "params.h lacks `{line}`");
+            )*
+        }};
     }
 
     #[test]
-    fn accept_params_match_the_header() {
-        assert_eq!(size_of::<AcceptParams>(), 152);
-        assert_eq!(offset_of!(AcceptParams, verify_ids), 32);
-        assert_eq!(offset_of!(AcceptParams, rng), 128);
+    fn pointer_groups_match_the_header_field_by_field() {
+        layout!(TreePtrs, size 96, positions 8, depths 16, parents 24, first_child 32,
+                next_sibling 40, ancestor_bits 48, scores 56, num_nodes 64, topk_logprobs 72,
+                topk_ids 80, status 88);
+        layout!(Scratch, size 24, bad 8, stats 16);
+        layout!(WalkTree, size 24, first_child 8, next_sibling 16);
+        layout!(AcceptPtrs, size 48, accepted_tokens 8, accept_index 16, accept_len 24,
+                bonus 32, status 40);
+        layout!(Sampling, size 32, top_k 8, top_p 16, rng 24);
+    }
+
+    #[test]
+    fn build_and_accept_params_match_the_header() {
+        layout!(BuildParams, size 192, roots 32, out 48, scratch 144, best_first 188);
+        assert_eq!(offset_of!(BuildParams, l), 168);
+        assert!(HEADER.contains("offsetof(BuildParams, L) == 168"));
+        layout!(AcceptParams, size 152, tree 32, out 56, sampling 104, cache_slice 148);
         assert_eq!(offset_of!(AcceptParams, v), 136);
-        assert_eq!(offset_of!(AcceptParams, cache_slice), 148);
+        assert!(HEADER.contains("offsetof(AcceptParams, V) == 136"));
     }
 
     #[test]
     fn commit_and_mask_params_match_the_header() {
-        assert_eq!(size_of::<CommitParams>(), 88);
-        assert_eq!(offset_of!(CommitParams, row_bytes), 64);
-        assert_eq!(offset_of!(CommitParams, q), 80);
-        assert_eq!(size_of::<MaskParams>(), 40);
-        assert_eq!(offset_of!(MaskParams, q), 32);
-    }
-
-    #[test]
-    fn the_header_holds_the_asserted_numbers() {
-        // The header's static_asserts must state the numbers these tests check (a change
-        // to one side without the other fails here, not only on a GPU build).
-        let header = include_str!("../../../kernels/include/ddtree/params.h");
-        for line in [
-            "sizeof(BuildParams) == 192",
-            "offsetof(BuildParams, stats) == 160",
-            "offsetof(BuildParams, L) == 168",
-            "offsetof(BuildParams, best_first) == 188",
-            "sizeof(AcceptParams) == 152",
-            "offsetof(AcceptParams, rng) == 128",
-            "offsetof(AcceptParams, cache_slice) == 148",
-            "sizeof(CommitParams) == 88",
-            "offsetof(CommitParams, q) == 80",
-            "sizeof(MaskParams) == 40",
-        ] {
-            assert!(header.contains(line), "params.h lacks `{line}`");
-        }
+        layout!(CommitParams, size 88, row_bytes 64, q 80);
+        layout!(MaskParams, size 40, q 32);
     }
 }

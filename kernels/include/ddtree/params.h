@@ -8,6 +8,79 @@
 
 namespace ddtree {
 
+// The pointer groups the structs below nest; each is one Rust struct too (TreePtrs,
+// Scratch, WalkTree, AcceptPtrs, Sampling), so a group's field list is written once per
+// language and every field's offset is asserted.
+
+// A Tree's outputs: [bs, Q] each unless noted.
+struct TreePtrs {
+  long long* verify_ids;
+  long long* positions;
+  long long* depths;
+  long long* parents;
+  long long* first_child;
+  long long* next_sibling;
+  int* ancestor_bits;      // [bs, Q, ceil(Q/32)]
+  double* scores;
+  long long* num_nodes;    // [bs]
+  float* topk_logprobs;    // [bs, L, K]
+  long long* topk_ids;     // [bs, L, K]
+  int* status;             // [bs]
+};
+static_assert(sizeof(TreePtrs) == 96 && offsetof(TreePtrs, positions) == 8 &&
+                  offsetof(TreePtrs, depths) == 16 && offsetof(TreePtrs, parents) == 24 &&
+                  offsetof(TreePtrs, first_child) == 32 && offsetof(TreePtrs, next_sibling) == 40 &&
+                  offsetof(TreePtrs, ancestor_bits) == 48 && offsetof(TreePtrs, scores) == 56 &&
+                  offsetof(TreePtrs, num_nodes) == 64 && offsetof(TreePtrs, topk_logprobs) == 72 &&
+                  offsetof(TreePtrs, topk_ids) == 80 && offsetof(TreePtrs, status) == 88,
+              "TreePtrs layout");
+
+// A build's scratch: [bs * L] each, and the selection's diagnostics [bs, 16] or null.
+struct Scratch {
+  int* eligible;
+  int* bad;
+  long long* stats;
+};
+static_assert(sizeof(Scratch) == 24 && offsetof(Scratch, bad) == 8 &&
+                  offsetof(Scratch, stats) == 16,
+              "Scratch layout");
+
+// The links an accept walks: [bs, Q] each.
+struct WalkTree {
+  const long long* verify_ids;
+  const long long* first_child;
+  const long long* next_sibling;
+};
+static_assert(sizeof(WalkTree) == 24 && offsetof(WalkTree, first_child) == 8 &&
+                  offsetof(WalkTree, next_sibling) == 16,
+              "WalkTree layout");
+
+// An accept's outputs: [bs, L+1] paths, [bs] scalars.
+struct AcceptPtrs {
+  long long* accepted_nodes;
+  long long* accepted_tokens;
+  long long* accept_index;
+  long long* accept_len;
+  long long* bonus;
+  int* status;
+};
+static_assert(sizeof(AcceptPtrs) == 48 && offsetof(AcceptPtrs, accepted_tokens) == 8 &&
+                  offsetof(AcceptPtrs, accept_index) == 16 && offsetof(AcceptPtrs, accept_len) == 24 &&
+                  offsetof(AcceptPtrs, bonus) == 32 && offsetof(AcceptPtrs, status) == 40,
+              "AcceptPtrs layout");
+
+// Per-request sampling parameters [bs] and the generator [2] (seed, offset); all null for
+// a greedy batch.
+struct Sampling {
+  const float* temperature;
+  const int* top_k;
+  const float* top_p;
+  long long* rng;
+};
+static_assert(sizeof(Sampling) == 32 && offsetof(Sampling, top_k) == 8 &&
+                  offsetof(Sampling, top_p) == 16 && offsetof(Sampling, rng) == 24,
+              "Sampling layout");
+
 // SPEC stages 1–3 (candidates.cu, select.cu, emit.cu): the draft logits and the tree's
 // outputs. One struct for the three launches of a build.
 struct BuildParams {
@@ -15,53 +88,30 @@ struct BuildParams {
   long long s0, s1, s2;
   const long long* roots;   // [bs]
   const long long* prefix;  // [bs]
-  float* topk_logprobs;     // [bs, L, K]
-  long long* topk_ids;      // [bs, L, K]
-  int* eligible;            // [bs * L] scratch
-  int* bad;                 // [bs * L] scratch
-  long long* verify_ids;    // [bs, Q] (as the six below)
-  long long* positions;
-  long long* depths;
-  long long* parents;
-  long long* first_child;
-  long long* next_sibling;
-  double* scores;
-  int* ancestor_bits;    // [bs, Q, ceil(Q/32)]
-  long long* num_nodes;  // [bs]
-  int* status;           // [bs]
-  long long* stats;      // [bs, 16] selection diagnostics, or null
+  TreePtrs out;
+  Scratch scratch;
   int L, V, K, budget;
   int cache_lp;    // the best-first fallback caches the log-probs in shared memory
   int best_first;  // force the best-first selection (benchmarks, tests)
 };
 static_assert(sizeof(BuildParams) == 192 && offsetof(BuildParams, roots) == 32 &&
-                  offsetof(BuildParams, stats) == 160 && offsetof(BuildParams, L) == 168 &&
-                  offsetof(BuildParams, best_first) == 188,
+                  offsetof(BuildParams, out) == 48 && offsetof(BuildParams, scratch) == 144 &&
+                  offsetof(BuildParams, L) == 168 && offsetof(BuildParams, best_first) == 188,
               "BuildParams layout");
 
 // SPEC stage 4 (accept.cu): the walk and the generator's advance.
 struct AcceptParams {
   const void* logits;  // [bs, Q, V], strides s0, s1, s2 (elements)
   long long s0, s1, s2;
-  const long long* verify_ids;    // [bs, Q]
-  const long long* first_child;   // [bs, Q]
-  const long long* next_sibling;  // [bs, Q]
-  long long* accepted_nodes;      // [bs, L+1]
-  long long* accepted_tokens;     // [bs, L+1]
-  long long* accept_index;        // [bs, L+1]
-  long long* accept_len;          // [bs]
-  long long* bonus;               // [bs]
-  int* status;                    // [bs]
-  const float* temperature;       // [bs], or null: a greedy batch (and the three below)
-  const int* top_k;
-  const float* top_p;
-  long long* rng;  // [2]: seed, offset
+  WalkTree tree;
+  AcceptPtrs out;
+  Sampling sampling;
   int V, q, path_len;
   int cache_slice;  // each block keeps its row slice in dynamic shared memory
 };
-static_assert(sizeof(AcceptParams) == 152 && offsetof(AcceptParams, verify_ids) == 32 &&
-                  offsetof(AcceptParams, rng) == 128 && offsetof(AcceptParams, V) == 136 &&
-                  offsetof(AcceptParams, cache_slice) == 148,
+static_assert(sizeof(AcceptParams) == 152 && offsetof(AcceptParams, tree) == 32 &&
+                  offsetof(AcceptParams, out) == 56 && offsetof(AcceptParams, sampling) == 104 &&
+                  offsetof(AcceptParams, V) == 136 && offsetof(AcceptParams, cache_slice) == 148,
               "AcceptParams layout");
 
 // SPEC stage 5 (commit.cu): the accepted paths, the verify window and each kernel's
