@@ -385,7 +385,7 @@ def test_buckets_and_eager_accepts_share_one_readback_ring():
         host = stepper.readback(wait=True)
         assert torch.equal(host["accepted_tokens"], acc.accepted_tokens.cpu())
         held.append(host["round"])
-    stamps = sorted(int(s) - 1 for s in stepper._ring.words[:, -1])
+    stamps = sorted(int(s) - 1 for s in stepper._ring.host[:, -1])
     assert held == list(range(2, 10)) and stamps == held[-4:]
 
 

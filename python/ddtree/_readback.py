@@ -4,9 +4,10 @@ one without a sync or an event.
 
 The ring's cursor is in device memory and the kernel advances it, so every execution of a
 readback — eager, ``Stepper.replay``, or a replay of a graph the caller captured — writes
-the next slot, stamped with its round. The reader checks a slot's end stamp, copies the
-slot, then re-checks its begin stamp (a seqlock): a slot rewritten while it was copied is
-skipped, never returned torn."""
+the next slot, stamped with its round. The reader (Rust: ``RingReader`` in
+``crates/ddtree-cuda/src/readback.rs``) checks a slot's end stamp, copies the slot, then
+re-checks its begin stamp (a seqlock): a slot rewritten while it was copied is skipped,
+never returned torn."""
 
 from __future__ import annotations
 
@@ -28,7 +29,6 @@ class ReadbackRing:
         self.max_batch = max_batch
         self.slot_words = _core.readback_layout(max_batch, path_len, max_batch)["slot_words"]
         self.host = torch.zeros(nslots, self.slot_words, dtype=torch.int64, pin_memory=True)
-        self.words = self.host.numpy()  # zero-copy: the reader's loads go straight to it
         mapped = _cuda.mapped_pointer(device, self.host)
         if mapped is None:
             raise RuntimeError(
@@ -39,27 +39,22 @@ class ReadbackRing:
         # What the readback kernel takes (ReadbackRing): mapped slots, cursor, slot words,
         # slots.
         self.device_side = (mapped, self.cursor.data_ptr(), self.slot_words, nslots)
+        self.nslots = nslots
+        self._copy = torch.zeros(self.slot_words, dtype=torch.int64)  # the reader's copy
         self.returned = 0  # stamp (round + 1) of the newest slot returned; 0: none
         self._layouts: dict[tuple, dict] = {}
 
     def newest(self, fresh_only: bool = True) -> dict | None:
-        """The newest whole slot (not returned before, with ``fresh_only``), or None."""
-        ends = self.words[:, -1].copy()
-        for i in np.argsort(-ends, kind="stable"):
-            stamp = int(ends[i])
-            if stamp <= 0 or (fresh_only and stamp <= self.returned):
-                return None
-            result = self._copy(int(i), stamp)
-            if result is not None:
-                self.returned = max(self.returned, stamp)
-                return result
-        return None
-
-    def _copy(self, i: int, stamp: int) -> dict | None:
-        """Slot i as tensors, if it still holds `stamp` after the copy (else None: torn)."""
-        data = self.words[i].copy()
-        if int(self.words[i, 0]) != stamp or int(data[-1]) != stamp:
+        """The newest whole slot (not returned before, with ``fresh_only``), or None. The
+        seqlock read is Rust's (``RingReader``); this turns the copied slot into tensors."""
+        after = self.returned if fresh_only else 0
+        got = _core.readback_newest(
+            self.host.data_ptr(), self.nslots, self.slot_words, after, self._copy.data_ptr()
+        )
+        if got is None:
             return None
+        self.returned = max(self.returned, got)
+        data = self._copy.numpy().copy()
         bs, path = int(data[1]), int(data[2])
         at = self._layout(bs, path)
         tensor = torch.from_numpy
@@ -68,7 +63,7 @@ class ReadbackRing:
             "bonus": tensor(data[at["bonus"] : at["accepted_tokens"]]),
             "accepted_tokens": tensor(data[at["accepted_tokens"] : at["status"]]).view(bs, path),
             "status": tensor(data[at["status"] : at["end"]].astype(np.int32)),
-            "round": stamp - 1,
+            "round": got - 1,
         }
 
     def _layout(self, bs: int, path: int) -> dict:

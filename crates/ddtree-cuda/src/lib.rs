@@ -19,7 +19,9 @@ pub mod readback;
 
 pub use accept::{accept_tree, AcceptPtrs, Sampling, WalkTree};
 pub use commit::{compact_kv, gather_hidden, kept_slots, CommitPath};
-pub use readback::{mapped_host_pointer, readback, ReadbackRing, ReadbackSrc, SlotLayout};
+pub use readback::{
+    mapped_host_pointer, readback, ReadbackRing, ReadbackSrc, RingReader, SlotLayout,
+};
 
 /// The embedded fatbins (empty when built without the `kernels` feature).
 pub mod kernels {

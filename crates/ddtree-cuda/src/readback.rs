@@ -69,6 +69,51 @@ impl SlotLayout {
     }
 }
 
+/// The host's side of the ring: finds the newest whole slot without a sync or an event.
+///
+/// A slot is `[begin stamp, bs, path_len, spare, payload..., end stamp]`; the kernel writes
+/// the begin stamp, then the payload, then the end stamp (each after a system fence). The
+/// reader is a seqlock: it reads a slot's end stamp, copies the slot, then re-reads its begin
+/// stamp; a slot rewritten meanwhile shows a newer begin stamp and is skipped, never
+/// returned torn.
+pub struct RingReader {
+    /// Host address of the pinned slots, `[nslots, slot_words]` int64.
+    pub host: *const i64,
+    pub nslots: usize,
+    pub slot_words: usize,
+}
+
+impl RingReader {
+    fn word(&self, slot: usize, i: usize) -> i64 {
+        // SAFETY: (`new`'s contract) `host` holds nslots * slot_words live words; the GPU
+        // writes them concurrently, so every read is volatile.
+        unsafe { std::ptr::read_volatile(self.host.add(slot * self.slot_words + i)) }
+    }
+
+    /// Copies the newest whole slot whose stamp is above `after` into `out` (slot_words
+    /// words) and returns its stamp (round + 1), or None when there is none.
+    pub fn newest(&self, after: i64, out: &mut [i64]) -> Option<i64> {
+        let last = self.slot_words - 1;
+        let mut order: Vec<(i64, usize)> =
+            (0..self.nslots).map(|i| (self.word(i, last), i)).collect();
+        order.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        for (stamp, i) in order {
+            if stamp <= 0 || stamp <= after {
+                return None;
+            }
+            std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+            for (w, o) in out.iter_mut().enumerate().take(self.slot_words) {
+                *o = self.word(i, w);
+            }
+            std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+            if self.word(i, 0) == stamp && out[last] == stamp && out[0] == stamp {
+                return Some(stamp);
+            }
+        }
+        None
+    }
+}
+
 /// The slot round `round` writes (the cursor's value when the kernel ran).
 pub fn slot_of(round: u64, nslots: usize) -> usize {
     (round % nslots as u64) as usize
@@ -137,6 +182,57 @@ pub fn mapped_host_pointer(ordinal: usize, host: u64) -> Result<u64, CudaError> 
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    /// A ring the way the kernel leaves it: slot `round % nslots` holds round `round`.
+    fn ring(nslots: usize, words: usize, rounds: &[i64]) -> Vec<i64> {
+        let mut host = vec![0i64; nslots * words];
+        for &r in rounds {
+            let at = (r as usize % nslots) * words;
+            host[at] = r + 1;
+            for w in 1..words - 1 {
+                host[at + w] = 100 * (r + 1) + w as i64;
+            }
+            host[at + words - 1] = r + 1;
+        }
+        host
+    }
+
+    fn reader(host: &[i64], nslots: usize, words: usize) -> RingReader {
+        RingReader {
+            host: host.as_ptr(),
+            nslots,
+            slot_words: words,
+        }
+    }
+
+    #[test]
+    fn the_reader_returns_the_newest_round_once() {
+        let host = ring(4, 8, &[0, 1, 2, 3, 4, 5]);
+        let r = reader(&host, 4, 8);
+        let mut out = vec![0; 8];
+        assert_eq!(r.newest(0, &mut out), Some(6));
+        assert_eq!(out[1], 601);
+        assert_eq!(r.newest(6, &mut out), None); // returned already: nothing fresh
+        assert_eq!(r.newest(0, &mut [0; 8]), Some(6)); // wait=True asks again
+        assert_eq!(reader(&[0; 32], 4, 8).newest(0, &mut out), None); // nothing written
+    }
+
+    #[test]
+    fn a_slot_being_rewritten_is_skipped_for_the_next_newest() {
+        let mut host = ring(4, 8, &[2, 3, 4, 5]);
+        // Round 6 has begun in slot 2 (begin stamp 7) while its old end stamp (3) remains;
+        // round 5's slot is being rewritten too: its begin stamp moved on, its end did not.
+        host[2 * 8] = 7;
+        host[8] = 10;
+        let mut out = vec![0; 8];
+        assert_eq!(reader(&host, 4, 8).newest(0, &mut out), Some(5)); // round 4, whole
+        assert_eq!(out[1], 501);
+    }
+}
+
+#[cfg(test)]
+mod layout_tests {
     use super::*;
 
     #[test]

@@ -128,6 +128,27 @@ pub fn cuda_mapped_pointer(device: usize, host: usize) -> PyResult<usize> {
         .map_err(errors::cuda_to_py)
 }
 
+/// The readback ring's host reader (`RingReader`): copies the newest whole slot with a
+/// stamp above `after` into `out` and returns its stamp, or None. `host` is the pinned
+/// ring (`nslots * slot_words` int64), `out` a host buffer of `slot_words` int64.
+#[pyfunction]
+pub fn readback_newest(
+    host: usize,
+    nslots: usize,
+    slot_words: usize,
+    after: i64,
+    out: usize,
+) -> Option<i64> {
+    let reader = ddtree_cuda::RingReader {
+        host: host as *const i64,
+        nslots,
+        slot_words,
+    };
+    // SAFETY: the Python ring passes its live pinned tensor and a buffer of slot_words.
+    let out = unsafe { crate::tensor::slice_mut::<i64>(out, slot_words) };
+    reader.newest(after, out)
+}
+
 /// Word offsets of a readback slot's fields for `bs` requests (`SlotLayout`), and the words
 /// a slot for `max_batch` needs: {"accept_len", "bonus", "accepted_tokens", "status",
 /// "end", "slot_words"}.

@@ -262,6 +262,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cuda_round::cuda_gather_hidden, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_round::cuda_mapped_pointer, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_round::readback_layout, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_round::readback_newest, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_round::cuda_tree_attention, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_round::attention_tile, m)?)?;
     m.add("CUDA_MAX_BUDGET", ddtree_cuda::launch::MAX_BUDGET)?;
