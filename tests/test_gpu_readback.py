@@ -136,18 +136,9 @@ def test_no_torn_slot_while_the_gpu_writes_and_the_host_reads():
     # 3000 caller-graph replays queued behind a spin kernel run back to back while the host
     # polls in a tight loop: every slot returned is one whole round (the seqlock skips a
     # slot rewritten during its copy), in order, up to the last one.
+    # (The seqlock's skips happen inside Rust's RingReader; cargo tests cover a slot caught
+    # mid-rewrite. Here: what the host gets is whole and in order.)
     r = Round("caller")
-    ring = r.stepper._ring
-    torn = []
-    copy = ring._copy
-
-    def counting_copy(i, stamp):
-        got = copy(i, stamp)
-        if got is None:
-            torn.append(stamp)
-        return got
-
-    ring._copy = counting_copy
     torch.cuda._sleep(100_000_000)
     for _ in range(3000):
         r()
@@ -158,7 +149,7 @@ def test_no_torn_slot_while_the_gpu_writes_and_the_host_reads():
             seen.append(r.check(host))
     assert seen == sorted(set(seen))
     assert len(seen) > 50  # the host did read while the GPU wrote
-    print(f"\nreadback stress: {len(seen)} of 3000 rounds read, {len(torn)} torn copies skipped")
+    print(f"\nreadback stress: {len(seen)} of 3000 rounds read")
 
 
 def test_status_codes_reach_the_host_through_the_ring():

@@ -40,7 +40,7 @@ class ReadbackRing:
         # slots.
         self.device_side = (mapped, self.cursor.data_ptr(), self.slot_words, nslots)
         self.nslots = nslots
-        self._copy = torch.zeros(self.slot_words, dtype=torch.int64)  # the reader's copy
+        self._slot = torch.zeros(self.slot_words, dtype=torch.int64)  # the reader's copy
         self.returned = 0  # stamp (round + 1) of the newest slot returned; 0: none
         self._layouts: dict[tuple, dict] = {}
 
@@ -49,12 +49,12 @@ class ReadbackRing:
         seqlock read is Rust's (``RingReader``); this turns the copied slot into tensors."""
         after = self.returned if fresh_only else 0
         got = _core.readback_newest(
-            self.host.data_ptr(), self.nslots, self.slot_words, after, self._copy.data_ptr()
+            self.host.data_ptr(), self.nslots, self.slot_words, after, self._slot.data_ptr()
         )
         if got is None:
             return None
         self.returned = max(self.returned, got)
-        data = self._copy.numpy().copy()
+        data = self._slot.numpy().copy()
         bs, path = int(data[1]), int(data[2])
         at = self._layout(bs, path)
         tensor = torch.from_numpy
