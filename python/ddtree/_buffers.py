@@ -4,41 +4,24 @@ from __future__ import annotations
 
 import torch
 
+from . import _core
 from ._types import Acceptance, Tree
 
 
+def _shapes(fields) -> dict:
+    return {name: (getattr(torch, dtype), tuple(shape)) for name, dtype, shape in fields}
+
+
 def tree_shapes(bs: int, depth: int, k: int, budget: int) -> dict:
-    """Field name → (dtype, shape) of a ``Tree``."""
-    q = budget + 1
-    words = (q + 31) // 32
-    i64 = torch.int64
-    return {
-        "verify_ids": (i64, (bs, q)),
-        "positions": (i64, (bs, q)),
-        "depths": (i64, (bs, q)),
-        "parents": (i64, (bs, q)),
-        "first_child": (i64, (bs, q)),
-        "next_sibling": (i64, (bs, q)),
-        "ancestor_bits": (torch.int32, (bs, q, words)),
-        "num_nodes": (i64, (bs,)),
-        "scores": (torch.float64, (bs, q)),
-        "topk_logprobs": (torch.float32, (bs, depth, k)),
-        "topk_ids": (i64, (bs, depth, k)),
-        "status": (torch.int32, (bs,)),
-    }
+    """Field name → (dtype, shape) of a ``Tree`` (defined once, in ddtree-core's
+    ``batch::tree_fields``)."""
+    return _shapes(_core.tree_fields(bs, depth, k, budget))
 
 
 def acceptance_shapes(bs: int, depth: int) -> dict:
-    i64 = torch.int64
-    # The fields a readback copies come first and adjacent (FlatBuffers.span).
-    return {
-        "accept_len": (i64, (bs,)),
-        "bonus": (i64, (bs,)),
-        "accepted_tokens": (i64, (bs, depth + 1)),
-        "accepted_nodes": (i64, (bs, depth + 1)),
-        "accept_index": (i64, (bs, depth + 1)),
-        "status": (torch.int32, (bs,)),
-    }
+    """Field name → (dtype, shape) of an ``Acceptance``, the fields a readback copies first
+    and adjacent (FlatBuffers.span); defined in ddtree-core's ``batch::acceptance_fields``."""
+    return _shapes(_core.acceptance_fields(bs, depth))
 
 
 def _numel(shape) -> int:

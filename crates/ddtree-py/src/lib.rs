@@ -243,6 +243,28 @@ fn sglang_custom_mask(
         .map_err(errors::to_py)
 }
 
+/// A result's fields as the Python package allocates them: (name, torch dtype name, shape).
+type FieldRow = (&'static str, &'static str, Vec<usize>);
+
+fn field_rows(fields: Vec<batch::Field>) -> Vec<FieldRow> {
+    fields
+        .into_iter()
+        .map(|(n, e, s)| (n, e.name(), s))
+        .collect()
+}
+
+/// A `Tree`'s fields for (bs, L, K, B), in declaration order.
+#[pyfunction]
+fn tree_fields(bs: usize, depth: usize, k: usize, budget: usize) -> Vec<FieldRow> {
+    field_rows(batch::tree_fields(bs, depth, k, budget))
+}
+
+/// An `Acceptance`'s fields for (bs, L), the readback's fields first.
+#[pyfunction]
+fn acceptance_fields(bs: usize, depth: usize) -> Vec<FieldRow> {
+    field_rows(batch::acceptance_fields(bs, depth))
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(build_tree, m)?)?;
@@ -251,6 +273,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(accept_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(accept_sampled, m)?)?;
     m.add_function(wrap_pyfunction!(sglang_custom_mask, m)?)?;
+    m.add_function(wrap_pyfunction!(tree_fields, m)?)?;
+    m.add_function(wrap_pyfunction!(acceptance_fields, m)?)?;
     m.add_class::<engine::CudaEngine>()?;
     m.add_function(wrap_pyfunction!(cuda::cuda_build_tree, m)?)?;
     m.add_function(wrap_pyfunction!(cuda::cuda_full_mask, m)?)?;

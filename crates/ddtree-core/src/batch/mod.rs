@@ -3,10 +3,12 @@
 
 mod accept;
 mod build;
+mod fields;
 mod mask;
 
 pub use accept::{accept_tree, AcceptBuffers, BatchLinks, Posterior};
 pub use build::{build_from_candidates, build_tree, TreeBuffers};
+pub use fields::{acceptance_fields, tree_fields, Elem, Field};
 pub use mask::full_masks;
 
 use crate::emit::mask_words;
