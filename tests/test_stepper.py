@@ -100,3 +100,53 @@ def test_cpu_readback_returns_each_published_round_once(rng):
     assert stepper.readback() is None
     again = stepper.readback(wait=True)  # the newest published, again
     assert again["bonus"].tolist() == [3, 3] and again["round"] == 0
+
+
+def _raised(fn):
+    try:
+        fn()
+    except (TypeError, ValueError) as e:
+        return type(e).__name__, str(e)
+    return None
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "root out of vocabulary",
+        "negative root",
+        "negative prefix",
+        "prefix overflows",
+        "int32 roots",
+        "short prefix",
+        "int logits",
+        "2-D logits",
+        "empty vocabulary",
+        "roots not a tensor",
+    ],  # fmt: skip
+)
+def test_the_cpu_engine_raises_what_the_functional_build_raises(case):
+    # The CPU Stepper checks in Rust (its CpuEngine); build_tree checks in Python
+    # (_validate). Same input, same exception and message, and nothing written.
+    stepper = ddtree.Stepper(max_batch=4, budget=8, depth=3, vocab=50, device="cpu")
+    x = torch.randn(2, 3, 50)
+    roots, prefix = torch.tensor([3, 7]), torch.tensor([5, 0])
+    tree = stepper.step(x, roots, prefix)
+    before = {k: v.clone() for k, v in vars(tree).items()}
+    bad = {
+        "root out of vocabulary": (x, torch.tensor([3, 50]), prefix),
+        "negative root": (x, torch.tensor([-1, 2]), prefix),
+        "negative prefix": (x, roots, torch.tensor([4, -9])),
+        "prefix overflows": (x, roots, torch.tensor([2**63 - 2, 0])),
+        "int32 roots": (x, roots.int(), prefix),
+        "short prefix": (x, roots, prefix[:1]),
+        "int logits": (x.long(), roots, prefix),
+        "2-D logits": (x[:, 0], roots, prefix),
+        "empty vocabulary": (x[:, :, :0], roots, prefix),
+        "roots not a tensor": (x, "3 7", prefix),
+    }[case]
+    want = _raised(lambda: ddtree.build_tree(*bad, budget=8))
+    assert want is not None
+    assert _raised(lambda: stepper.step(*bad)) == want
+    for name, value in before.items():
+        assert torch.equal(getattr(tree, name), value), name

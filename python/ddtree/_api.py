@@ -72,6 +72,11 @@ def accept_into(
     if t.device.type == "cuda":
         cuda_accept_into(tree, t, acc, temperature, top_k, top_p, generator, state)
         return
+    cpu_accept_into(tree, t, acc, temperature, top_k, top_p, generator)
+
+
+def cpu_accept_into(tree, t, acc, temperature, top_k, top_p, generator) -> None:
+    """The CPU walk for checked target logits: greedy, or with per-request sampling."""
     params = sampling_params(tree.batch_size, temperature, top_k, top_p)
     if params is None:
         _cpu.accept_greedy_into(tree, t, acc)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _api, _buffers, _commit, _cpu, _cuda, _sampling, _validate
+from . import _api, _buffers, _commit, _cuda, _sampling, _validate
 from ._readback import READBACK_SLOTS, ReadbackRing
 from ._types import Acceptance, Tree
 
@@ -61,8 +61,7 @@ class Stepper:
         self._accs: dict[tuple, Acceptance] = {}  # per (bs, L)
         self._kept_views: dict[tuple, tuple] = {}  # CUDA kept_slots outputs per (bs, L+1, Q)
         self._tree: Tree | None = None
-        self._round: tuple | None = None  # the CUDA engine's (bs, L, K, V) of the last step
-        self._draft_vocab: int | None = None  # V of the last step(): accept's target must match
+        self._round: tuple | None = None  # the engine's (bs, L, K, V) of the last step
         self._acc: Acceptance | None = None
         self._cuda_round_state(seed)
 
@@ -78,6 +77,7 @@ class Stepper:
         self._caches: _commit.CacheTable | None = None
         self._engine = None
         if self.device.type != "cuda":
+            self._engine = self._new_cpu_engine()
             return
         self._sampling = _sampling.SamplingState(self.max_batch, self.device, seed)
         n, path = self.max_batch, self.depth + 1
@@ -87,19 +87,30 @@ class Stepper:
         self._release = torch.empty(n, q, dtype=torch.bool, device=self.device)
         self._engine = self._new_engine()
 
+    def _limits(self) -> tuple:
+        return (self.max_batch, self.budget, self.depth, self.vocab, self.topk)
+
+    def _largest_tree(self) -> Tree:
+        k = _api.k_of(self.budget, self.vocab, self.topk)
+        return self._tree_view((self.max_batch, self.depth, k))
+
+    def _new_cpu_engine(self):
+        """The CPU twin of the CUDA engine: the same checks and round state, then the Rust
+        CPU path into the static buffers."""
+        from . import _core
+
+        return _core.CpuEngine(self._limits(), self._largest_tree())
+
     def _new_engine(self):
         """The Rust round engine: it keeps the static buffers' addresses (read once, here)
         and the last step's shape, so a call passes only its own tensors."""
         from . import _core
 
-        k = _api.k_of(self.budget, self.vocab, self.topk)
-        largest_tree = self._tree_view((self.max_batch, self.depth, k))
         largest_acc = self._acc_view(self.max_batch, self.depth)
-        limits = (self.max_batch, self.budget, self.depth, self.vocab, self.topk)
         return _core.CudaEngine(
             _cuda.device_index(self.device),
-            limits,
-            largest_tree,
+            self._limits(),
+            self._largest_tree(),
             largest_acc,
             self._scratch,
             self._sampling,
@@ -116,31 +127,12 @@ class Stepper:
             raise ValueError(f"depth: at most {_core.CUDA_MAX_DEPTH} on CUDA, got {self.depth}")
 
     def step(self, draft_logits, root_tokens, prefix_lens) -> Tree:
-        """SPEC stages 1–3 into the static buffers; returns views sliced to the batch size."""
-        self._check_open()
-        if self._engine is not None:
-            return self._step_cuda(draft_logits, root_tokens, prefix_lens)
-        x = _validate.logits("draft_logits", draft_logits, max_depth=self.depth)
-        _validate.same_device("draft_logits", x, self.device)
-        bs, depth, vocab = x.shape
-        if bs > self.max_batch:
-            raise ValueError(f"draft_logits: batch size {bs} exceeds max_batch={self.max_batch}")
-        if vocab > self.vocab:
-            raise ValueError(f"draft_logits: vocabulary {vocab} exceeds vocab={self.vocab}")
-        roots = _validate.index_vector("root_tokens", root_tokens, bs, self.device)
-        prefix = _validate.index_vector("prefix_lens", prefix_lens, bs, self.device)
-        _validate.in_vocab("root_tokens", roots, vocab)
-        _validate.prefix_lens(prefix, depth)
-        k = _api.k_of(self.budget, vocab, self.topk)
-        tree = self._tree_view((bs, depth, k))
-        _cpu.build_into(tree, x, roots, prefix, self.budget, self.topk)
-        self._tree = tree
-        self._draft_vocab = vocab
-        return tree
+        """SPEC stages 1–3 into the static buffers; returns views sliced to the batch size.
 
-    def _step_cuda(self, draft_logits, root_tokens, prefix_lens) -> Tree:
-        """The engine checks every tensor (naming it) and launches; lists of ints become
-        tensors here first. Token and prefix values are checked on the device (status)."""
+        The Rust engine checks every tensor (naming it) before any work; lists of ints
+        become tensors here first. On CUDA, token and prefix values are status codes (a host
+        check would sync); on the CPU they are checked on the host."""
+        self._check_open()
         if not (isinstance(root_tokens, torch.Tensor) and isinstance(prefix_lens, torch.Tensor)):
             bs = _validate.logits("draft_logits", draft_logits).shape[0]
             root_tokens = _validate.index_vector("root_tokens", root_tokens, bs, self.device)
@@ -187,21 +179,12 @@ class Stepper:
             raise RuntimeError("Stepper.accept: call step() first")
         tree = self._tree
         acc = self._acc_view(tree.batch_size, tree.depth)
-        if self._engine is not None:
+        if self.device.type == "cuda":  # the engine publishes within the accept's graph
             self._accept_cuda(target_logits, temperature, top_k, top_p, generator, readback)
             self._acc = acc
             return acc
-        _api.accept_into(
-            tree,
-            target_logits,
-            acc,
-            temperature,
-            top_k,
-            top_p,
-            generator,
-            self._sampling,
-            self._draft_vocab,
-        )
+        self._engine.check_target(target_logits)  # shape, vocabulary, device: named
+        _api.cpu_accept_into(tree, target_logits, acc, temperature, top_k, top_p, generator)
         self._acc = acc
         self._publish(acc, readback)
         return acc
@@ -230,7 +213,7 @@ class Stepper:
     def _publish(self, acc: Acceptance, readback: bool) -> None:
         if not readback:
             return
-        if self._engine is not None:
+        if self.device.type == "cuda":
             self._engine.publish()
             return
         round_ = -1 if self._cpu_published is None else self._cpu_published["round"]

@@ -12,6 +12,7 @@ pub mod commit;
 pub mod emit;
 mod error;
 pub mod logits;
+pub mod round;
 pub mod sample;
 pub mod select;
 pub mod status;

@@ -14,6 +14,7 @@ use crate::readback::{readback, readback_kernel, ReadbackRing, ReadbackSrc};
 use crate::{
     build_kernels, build_params, CudaError, Kernel, Logits, Params, Scratch, TreePtrs, ALL_STAGES,
 };
+pub use ddtree_core::round::{Limits, Planner, Round};
 
 /// `kernels/include/ddtree/sample.cuh`'s `SamplingLoad`, by value (layout asserted on both
 /// sides): scalar parameters for `bs` requests and/or a new seed, in one launch.
@@ -37,6 +38,11 @@ pub struct SamplingLoad {
 
 const LOAD_SAMPLING_THREADS: u32 = 256;
 
+/// A core argument error as this crate's (a `ValueError` naming the argument in Python).
+fn arg_error(e: ddtree_core::ArgError) -> CudaError {
+    CudaError::arg(e.to_string())
+}
+
 /// What an accept graph's nodes hold: the sampling load, the walk's struct and the
 /// readback's arguments.
 type AcceptGraph = (
@@ -55,16 +61,6 @@ fn load_kernel(dev: &Device) -> Kernel {
     }
 }
 
-/// What a Stepper was built for (its constructor's checked arguments).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
-    pub max_batch: usize,
-    pub budget: usize,
-    pub depth: usize,
-    pub vocab: usize,
-    pub topk: Option<usize>,
-}
-
 /// Device addresses of the Stepper's static buffers. Each field's region is sized for the
 /// largest shape and a call uses its leading part, so the addresses never change.
 #[derive(Debug, Clone, Copy)]
@@ -79,31 +75,11 @@ pub struct Buffers {
     pub release: u64,
 }
 
-/// The shape of the last step: what accept and the commit calls work on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Round {
-    pub bs: usize,
-    pub depth: usize,
-    /// The draft's vocabulary: the target must score the same one.
-    pub vocab: usize,
-    pub k: usize,
-    pub budget: usize,
-}
-
-impl Round {
-    pub fn q(&self) -> usize {
-        self.budget + 1
-    }
-    pub fn path_len(&self) -> usize {
-        self.depth + 1
-    }
-}
-
 pub struct Engine {
     pub ordinal: usize,
-    pub limits: Limits,
+    /// The limits and the last step's round (ddtree-core's, shared with the CPU engine).
+    pub planner: Planner,
     bufs: Buffers,
-    last: Option<Round>,
     /// An eager step replays one graph of its three launches, an eager accept one of its
     /// walk (+ the generator's advance) (+ the readback), per launch geometry.
     eager_graphs: bool,
@@ -115,9 +91,8 @@ impl Engine {
     pub fn new(ordinal: usize, limits: Limits, bufs: Buffers) -> Self {
         Self {
             ordinal,
-            limits,
+            planner: Planner::new(limits),
             bufs,
-            last: None,
             eager_graphs: true,
             build_graphs: GraphCache::default(),
             accept_graphs: GraphCache::default(),
@@ -126,76 +101,23 @@ impl Engine {
 
     /// The last step's shape, if any.
     pub fn last(&self) -> Option<Round> {
-        self.last
+        self.planner.last()
     }
 
     /// Makes `r` the current round again: a replayed graph rewrote the buffers for it.
     pub fn resume(&mut self, r: Round) {
-        self.last = Some(r);
+        self.planner.resume(r);
     }
 
     /// The round a step with draft logits of `shape` builds, or the error naming the
     /// argument (the Stepper's limits; the kernels' own limits are checked at launch).
     pub fn plan_step(&self, shape: [usize; 3]) -> Result<Round, CudaError> {
-        let [bs, depth, vocab] = shape;
-        let l = &self.limits;
-        let arg = |m: String| Err(CudaError::arg(m));
-        if shape.contains(&0) {
-            let what = ["batch size", "depth L", "vocabulary V"]
-                [shape.iter().position(|&d| d == 0).unwrap_or(0)];
-            return arg(format!(
-                "draft_logits: {what} must be ≥ 1, got shape ({bs}, {depth}, {vocab})"
-            ));
-        }
-        if depth > l.depth {
-            return arg(format!(
-                "draft_logits: depth L = {depth} exceeds the limit {}",
-                l.depth
-            ));
-        }
-        if bs > l.max_batch {
-            return arg(format!(
-                "draft_logits: batch size {bs} exceeds max_batch={}",
-                l.max_batch
-            ));
-        }
-        if vocab > l.vocab {
-            return arg(format!(
-                "draft_logits: vocabulary {vocab} exceeds vocab={}",
-                l.vocab
-            ));
-        }
-        // SPEC's K = min(B, V, topk cap).
-        let k = l.budget.min(vocab).min(l.topk.unwrap_or(l.budget));
-        Ok(Round {
-            bs,
-            depth,
-            vocab,
-            k,
-            budget: l.budget,
-        })
+        self.planner.plan_step(shape).map_err(arg_error)
     }
 
     /// Checks target logits of `shape` against the last step's tree.
     pub fn plan_accept(&self, shape: [usize; 3]) -> Result<Round, CudaError> {
-        let Some(r) = self.last else {
-            return Err(CudaError::arg("Stepper.accept: call step() first".into()));
-        };
-        if shape[0] != r.bs || shape[1] != r.q() {
-            return Err(CudaError::arg(format!(
-                "target_logits: shape must be [{}, {}, V] for this tree, got {shape:?}",
-                r.bs,
-                r.q()
-            )));
-        }
-        if shape[2] != r.vocab {
-            return Err(CudaError::arg(format!(
-                "target_logits: vocabulary V = {} differs from the draft's V = {} (the \
-                 draft_logits of the last step())",
-                shape[2], r.vocab
-            )));
-        }
-        Ok(r)
+        self.planner.plan_accept(shape).map_err(arg_error)
     }
 
     /// SPEC stages 1–3 into the static tree buffers.
@@ -237,7 +159,7 @@ impl Engine {
             p,
             stream,
         )?;
-        self.last = Some(r);
+        self.planner.resume(r);
         Ok(r)
     }
 
@@ -323,7 +245,7 @@ impl Engine {
         params: Option<(f32, i32, f32)>,
         seed: Option<i64>,
     ) -> Result<SamplingLoad, CudaError> {
-        let r = self.round("accept")?;
+        let r = self.round("Stepper.accept")?;
         let s = &self.bufs.sampling;
         let (t, k, p) = params.unwrap_or_default();
         Ok(SamplingLoad {
@@ -357,7 +279,7 @@ impl Engine {
     /// # Safety
     /// The buffers are alive and an accept ran on `stream` (or before it) for this round.
     pub unsafe fn publish(&self, stream: u64) -> Result<(), CudaError> {
-        let r = self.round("publish")?;
+        let r = self.round("Stepper.publish")?;
         readback(self.ordinal, stream, self.bufs.ring, self.readback_src(r))
     }
 
@@ -372,7 +294,7 @@ impl Engine {
         window: u64,
         num_slots: Option<usize>,
     ) -> Result<Round, CudaError> {
-        let r = self.round("kept_slots")?;
+        let r = self.round("Stepper.kept_slots")?;
         let path = CommitPath {
             bs: r.bs,
             q: r.q(),
@@ -392,9 +314,8 @@ impl Engine {
         Ok(r)
     }
 
-    fn round(&self, what: &str) -> Result<Round, CudaError> {
-        self.last
-            .ok_or_else(|| CudaError::arg(format!("Stepper.{what}: call step() first")))
+    fn round(&self, what: &'static str) -> Result<Round, CudaError> {
+        self.planner.round(what).map_err(arg_error)
     }
 }
 
@@ -471,52 +392,27 @@ mod tests {
     }
 
     #[test]
-    fn a_step_plans_k_from_the_budget_the_vocabulary_and_the_cap() {
-        let e = engine(None);
-        assert_eq!(e.plan_step([8, 6, 1000]).unwrap().k, 63);
-        assert_eq!(e.plan_step([2, 1, 40]).unwrap().k, 40);
-        assert_eq!(engine(Some(5)).plan_step([2, 3, 1000]).unwrap().k, 5);
-        let r = e.plan_step([3, 4, 900]).unwrap();
-        assert_eq!((r.q(), r.path_len()), (64, 5));
-    }
-
-    #[test]
-    fn a_step_outside_the_limits_names_draft_logits() {
-        let e = engine(None);
-        for (shape, want) in [
-            ([9, 6, 1000], "batch size 9 exceeds max_batch=8"),
-            ([8, 7, 1000], "depth L = 7 exceeds the limit 6"),
-            ([8, 6, 1001], "vocabulary 1001 exceeds vocab=1000"),
-            ([0, 6, 1000], "batch size must be ≥ 1"),
-            ([8, 6, 0], "vocabulary V must be ≥ 1"),
-        ] {
-            let m = msg(e.plan_step(shape).unwrap_err());
-            assert!(m.starts_with("draft_logits: ") && m.contains(want), "{m}");
-        }
-    }
-
-    #[test]
-    fn accept_needs_a_step_and_a_target_of_the_trees_shape_and_vocabulary() {
+    fn the_engine_plans_with_the_cores_planner_and_names_the_argument() {
+        // The checks themselves are ddtree-core's (round.rs); here, that the engine uses
+        // them and turns their errors into argument errors that keep the name.
         let mut e = engine(None);
-        assert!(msg(e.plan_accept([1, 64, 1000]).unwrap_err()).contains("call step() first"));
+        assert_eq!(e.plan_step([8, 6, 1000]).unwrap().k, 63);
+        let m = msg(e.plan_step([9, 6, 1000]).unwrap_err());
+        assert_eq!(m, "draft_logits: batch size 9 exceeds max_batch=8");
+        assert!(matches!(
+            e.plan_accept([1, 64, 1000]),
+            Err(CudaError::Arg(_))
+        ));
         assert!(msg(e.publish_round_error()).contains("Stepper.publish: call step() first"));
-        e.last = Some(e.plan_step([3, 4, 900]).unwrap());
-        assert_eq!(e.plan_accept([3, 64, 900]).unwrap().bs, 3);
-        let m = msg(e.plan_accept([3, 63, 900]).unwrap_err());
-        assert!(
-            m.starts_with("target_logits: shape must be [3, 64, V]"),
-            "{m}"
-        );
+        e.resume(e.plan_step([3, 4, 900]).unwrap());
+        assert_eq!(e.last().unwrap().bs, 3);
         let m = msg(e.plan_accept([3, 64, 1000]).unwrap_err());
-        assert!(
-            m.contains("V = 1000 differs from the draft's V = 900"),
-            "{m}"
-        );
+        assert!(m.starts_with("target_logits: vocabulary V = 1000"), "{m}");
     }
 
     impl Engine {
         fn publish_round_error(&self) -> CudaError {
-            self.round("publish").unwrap_err()
+            self.round("Stepper.publish").unwrap_err()
         }
     }
 }

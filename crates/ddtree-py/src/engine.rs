@@ -4,59 +4,22 @@
 //! with the argument's name, and launched on PyTorch's current stream of the device.
 
 use crate::buffers::{self, AccOut, SamplingOut, TreeOut};
+use crate::checks::Checks;
 use crate::errors;
 use ddtree_cuda::engine::{Buffers, Engine, Limits, Round};
-use ddtree_cuda::{Dtype, Logits, ReadbackRing};
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use ddtree_cuda::{Logits, ReadbackRing};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
-
-/// The torch objects a call compares against, looked up once.
-struct Torch {
-    tensor: Py<PyAny>,
-    dtypes: [Py<PyAny>; 3], // float32, float16, bfloat16 (Dtype order)
-    int64: Py<PyAny>,
-    raw_stream: Py<PyAny>,
-}
-
-impl Torch {
-    fn load(py: Python<'_>) -> PyResult<Self> {
-        let torch = py.import("torch")?;
-        let d = |name: &str| torch.getattr(name).map(Bound::unbind);
-        Ok(Self {
-            tensor: d("Tensor")?,
-            dtypes: [d("float32")?, d("float16")?, d("bfloat16")?],
-            int64: d("int64")?,
-            raw_stream: torch
-                .getattr("_C")?
-                .getattr("_cuda_getCurrentRawStream")?
-                .unbind(),
-        })
-    }
-}
-
-/// What a call reads of a tensor.
-struct Meta {
-    ptr: u64,
-    shape: Vec<usize>,
-    strides: Vec<i64>,
-}
 
 #[pyclass(module = "ddtree._core", name = "CudaEngine")]
 pub struct CudaEngine {
     engine: Engine,
-    torch: Torch,
-}
-
-/// A shape as Python prints a tuple: `(2, 3)`, `(5,)`.
-fn as_tuple(shape: &[usize]) -> String {
-    let parts: Vec<String> = shape.iter().map(usize::to_string).collect();
-    let comma = if shape.len() == 1 { "," } else { "" };
-    format!("({}{comma})", parts.join(", "))
+    checks: Checks,
 }
 
 /// A round as Python holds it: (bs, depth, K, V).
-fn round_key<'py>(py: Python<'py>, r: Round) -> PyResult<Bound<'py, PyTuple>> {
+pub(crate) fn round_key<'py>(py: Python<'py>, r: Round) -> PyResult<Bound<'py, PyTuple>> {
     PyTuple::new(py, [r.bs, r.depth, r.k, r.vocab])
 }
 
@@ -105,7 +68,7 @@ impl CudaEngine {
         };
         Ok(Self {
             engine: Engine::new(device, limits, bufs),
-            torch: Torch::load(py)?,
+            checks: Checks::new(py, Some(device))?,
         })
     }
 
@@ -117,10 +80,10 @@ impl CudaEngine {
         root_tokens: &Bound<'py, PyAny>,
         prefix_lens: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyTuple>> {
-        let x = self.logits(draft_logits, "draft_logits")?;
+        let x = self.checks.logits(draft_logits, "draft_logits")?;
         let r = self.engine.plan_step(x.shape).map_err(errors::cuda_to_py)?;
-        let (roots, _roots_copy) = self.index_vector(root_tokens, "root_tokens", r.bs)?;
-        let (prefix, _prefix_copy) = self.index_vector(prefix_lens, "prefix_lens", r.bs)?;
+        let (roots, _roots_copy) = self.checks.index_vector(root_tokens, "root_tokens", r.bs)?;
+        let (prefix, _prefix_copy) = self.checks.index_vector(prefix_lens, "prefix_lens", r.bs)?;
         let stream = self.stream(py)?;
         // SAFETY: the tensors were checked above (dtype, rank, sizes, device, contiguity
         // of the index vectors) and stay alive for the call; the launches are asynchronous.
@@ -185,7 +148,7 @@ impl CudaEngine {
     /// Makes a round returned by `step` current again (after replaying a graph of it).
     fn resume(&mut self, round: (usize, usize, usize, usize)) {
         let (bs, depth, k, vocab) = round;
-        let budget = self.engine.limits.budget;
+        let budget = self.engine.planner.limits.budget;
         self.engine.resume(Round {
             bs,
             depth,
@@ -233,7 +196,11 @@ impl CudaEngine {
         num_slots: Option<usize>,
         readback: bool,
     ) -> PyResult<()> {
-        let window = self.window(out_cache_loc)?;
+        let r = self
+            .engine
+            .last()
+            .ok_or_else(|| PyValueError::new_err("Stepper.kept_slots: call step() first"))?;
+        let window = self.checks.window(out_cache_loc, r)?;
         let stream = self.stream(py)?;
         // SAFETY: `window` is a checked live int64 [bs, Q] tensor; the buffers are alive.
         py.detach(|| unsafe {
@@ -249,140 +216,16 @@ impl CudaEngine {
 
 impl CudaEngine {
     fn stream(&self, py: Python<'_>) -> PyResult<u64> {
-        self.torch
+        self.checks
+            .torch
             .raw_stream
             .bind(py)
             .call1((self.engine.ordinal,))?
             .extract()
     }
 
-    /// A `TypeError` naming `name` unless `x` is a torch.Tensor.
-    fn tensor(&self, x: &Bound<'_, PyAny>, name: &str) -> PyResult<()> {
-        if x.is_instance(self.torch.tensor.bind(x.py()))? {
-            return Ok(());
-        }
-        let ty = x.get_type().name()?;
-        Err(PyTypeError::new_err(format!(
-            "{name}: expected a torch.Tensor, got {ty}"
-        )))
-    }
-
-    /// A tensor's pointer, shape and strides, after the device check.
-    fn meta(&self, x: &Bound<'_, PyAny>, name: &str) -> PyResult<Meta> {
-        let device: i64 = x.call_method0("get_device")?.extract()?;
-        if device != self.engine.ordinal as i64 {
-            let on = x.getattr("device")?.str()?;
-            return Err(PyValueError::new_err(format!(
-                "{name}: is on {on}, the other inputs are on cuda:{}",
-                self.engine.ordinal
-            )));
-        }
-        Ok(Meta {
-            ptr: x.call_method0("data_ptr")?.extract()?,
-            shape: x.getattr("shape")?.extract()?,
-            strides: x.call_method0("stride")?.extract()?,
-        })
-    }
-
-    fn logits(&self, x: &Bound<'_, PyAny>, name: &str) -> PyResult<Logits> {
-        self.tensor(x, name)?;
-        let py = x.py();
-        let dtype = x.getattr("dtype")?;
-        let Some(pos) = self.torch.dtypes.iter().position(|d| d.bind(py).is(&dtype)) else {
-            return Err(PyTypeError::new_err(format!(
-                "{name}: dtype must be bfloat16, float16 or float32, got {}",
-                dtype.str()?
-            )));
-        };
-        let m = self.meta(x, name)?;
-        let (Ok(shape), Ok(strides)) = (
-            <[usize; 3]>::try_from(m.shape.as_slice()),
-            <[i64; 3]>::try_from(m.strides.as_slice()),
-        ) else {
-            return Err(PyValueError::new_err(format!(
-                "{name}: must be 3-D [bs, L, V], got shape {}",
-                as_tuple(&m.shape)
-            )));
-        };
-        Ok(Logits {
-            ptr: m.ptr,
-            dtype: [Dtype::F32, Dtype::F16, Dtype::Bf16][pos],
-            shape,
-            strides,
-        })
-    }
-
-    /// An int64 `[n]` vector on the engine's device, and the contiguous copy made of a
-    /// strided one (kept by the caller until the launch is queued, all the stream needs).
-    fn index_vector<'py>(
-        &self,
-        x: &Bound<'py, PyAny>,
-        name: &str,
-        n: usize,
-    ) -> PyResult<(u64, Option<Bound<'py, PyAny>>)> {
-        self.tensor(x, name)?;
-        let dtype = x.getattr("dtype")?;
-        if !dtype.is(self.torch.int64.bind(x.py())) {
-            return Err(PyTypeError::new_err(format!(
-                "{name}: dtype must be int64, got {}",
-                dtype.str()?
-            )));
-        }
-        let m = self.meta(x, name)?;
-        if m.shape != [n] {
-            return Err(PyValueError::new_err(format!(
-                "{name}: shape must be [{n}], got {:?}",
-                m.shape
-            )));
-        }
-        if n > 1 && m.strides[0] != 1 {
-            let copy = x.call_method0("contiguous")?;
-            let ptr = copy.call_method0("data_ptr")?.extract()?;
-            return Ok((ptr, Some(copy)));
-        }
-        Ok((m.ptr, None))
-    }
-
-    /// The verify window of the last round: an int64 `[bs, Q]` contiguous tensor on this
-    /// device (the CPU path's messages, in its order).
-    fn window(&self, w: &Bound<'_, PyAny>) -> PyResult<u64> {
-        let r = self
-            .engine
-            .last()
-            .ok_or_else(|| PyValueError::new_err("Stepper.kept_slots: call step() first"))?;
-        let name = "out_cache_loc";
-        self.tensor(w, name)?;
-        let dtype = w.getattr("dtype")?;
-        let shape: Vec<usize> = w.getattr("shape")?.extract()?;
-        if shape.len() == 2 && shape[1] != r.q() {
-            return Err(PyValueError::new_err(format!(
-                "{name}: must be [bs, {}] (Q of the tree), got {shape:?}",
-                r.q()
-            )));
-        }
-        if !dtype.is(self.torch.int64.bind(w.py())) || shape.len() != 2 || shape[0] != r.bs {
-            return Err(PyValueError::new_err(format!(
-                "{name}: must be int64 [{}, Q], got {} {shape:?}",
-                r.bs,
-                dtype.str()?
-            )));
-        }
-        let device: i64 = w.call_method0("get_device")?.extract()?;
-        if device != self.engine.ordinal as i64 {
-            let on = w.getattr("device")?.str()?;
-            return Err(PyValueError::new_err(format!(
-                "{name}: on {on}, the acceptance is on cuda:{}",
-                self.engine.ordinal
-            )));
-        }
-        if !w.call_method0("is_contiguous")?.extract::<bool>()? {
-            return Err(PyValueError::new_err(format!("{name}: must be contiguous")));
-        }
-        w.call_method0("data_ptr")?.extract()
-    }
-
     fn check_target(&self, x: &Bound<'_, PyAny>) -> PyResult<Logits> {
-        let t = self.logits(x, "target_logits")?;
+        let t = self.checks.logits(x, "target_logits")?;
         self.engine
             .plan_accept(t.shape)
             .map_err(errors::cuda_to_py)?;

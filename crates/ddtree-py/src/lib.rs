@@ -4,6 +4,8 @@
 //! `tensor.rs` for the contract), releases the GIL, and writes into caller-owned outputs.
 
 mod buffers;
+mod checks;
+mod cpu_engine;
 mod cuda;
 mod cuda_round;
 mod engine;
@@ -106,7 +108,7 @@ fn build_tree(
     }
 }
 
-fn build_as<T: Element>(
+pub(crate) fn build_as<T: Element>(
     py: Python<'_>,
     logits: &TensorArg,
     root_tokens: usize,
@@ -276,6 +278,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(tree_fields, m)?)?;
     m.add_function(wrap_pyfunction!(acceptance_fields, m)?)?;
     m.add_class::<engine::CudaEngine>()?;
+    m.add_class::<cpu_engine::CpuEngine>()?;
     m.add_function(wrap_pyfunction!(cuda::cuda_build_tree, m)?)?;
     m.add_function(wrap_pyfunction!(cuda::cuda_full_mask, m)?)?;
     m.add_function(wrap_pyfunction!(cuda::cuda_images, m)?)?;

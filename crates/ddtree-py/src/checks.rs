@@ -1,0 +1,188 @@
+//! Reading and checking a call's tensors for an engine (`engine.rs`): a few attribute reads
+//! per tensor (no dict), each failure a Python exception that names the argument, with the
+//! messages of the package's documented checks. One `Checks` per engine, for its device
+//! (`None`: the CPU).
+
+use ddtree_core::round::Round;
+use ddtree_cuda::{Dtype, Logits};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+
+/// The torch objects a call compares against, looked up once.
+pub struct Torch {
+    tensor: Py<PyAny>,
+    dtypes: [Py<PyAny>; 3], // float32, float16, bfloat16 (Dtype order)
+    int64: Py<PyAny>,
+    pub raw_stream: Py<PyAny>,
+}
+
+impl Torch {
+    pub fn load(py: Python<'_>) -> PyResult<Self> {
+        let torch = py.import("torch")?;
+        let d = |name: &str| torch.getattr(name).map(Bound::unbind);
+        Ok(Self {
+            tensor: d("Tensor")?,
+            dtypes: [d("float32")?, d("float16")?, d("bfloat16")?],
+            int64: d("int64")?,
+            raw_stream: torch
+                .getattr("_C")?
+                .getattr("_cuda_getCurrentRawStream")?
+                .unbind(),
+        })
+    }
+}
+
+/// What a call reads of a tensor.
+pub struct Meta {
+    pub ptr: u64,
+    pub shape: Vec<usize>,
+    pub strides: Vec<i64>,
+}
+
+/// A shape as Python prints a tuple: `(2, 3)`, `(5,)`.
+pub fn as_tuple(shape: &[usize]) -> String {
+    let parts: Vec<String> = shape.iter().map(usize::to_string).collect();
+    let comma = if shape.len() == 1 { "," } else { "" };
+    format!("({}{comma})", parts.join(", "))
+}
+
+/// The tensor checks of an engine on `device` (a CUDA ordinal, or `None` for the CPU).
+pub struct Checks {
+    pub torch: Torch,
+    pub device: Option<usize>,
+}
+
+impl Checks {
+    pub fn new(py: Python<'_>, device: Option<usize>) -> PyResult<Self> {
+        Ok(Self {
+            torch: Torch::load(py)?,
+            device,
+        })
+    }
+
+    /// How torch names the device: `cpu`, `cuda:0`.
+    fn device_name(&self) -> String {
+        self.device.map_or("cpu".into(), |d| format!("cuda:{d}"))
+    }
+
+    /// A `TypeError` naming `name` unless `x` is a torch.Tensor.
+    pub fn tensor(&self, x: &Bound<'_, PyAny>, name: &str) -> PyResult<()> {
+        if x.is_instance(self.torch.tensor.bind(x.py()))? {
+            return Ok(());
+        }
+        let ty = x.get_type().name()?;
+        Err(PyTypeError::new_err(format!(
+            "{name}: expected a torch.Tensor, got {ty}"
+        )))
+    }
+
+    /// A tensor's pointer, shape and strides, after the device check.
+    pub fn meta(&self, x: &Bound<'_, PyAny>, name: &str) -> PyResult<Meta> {
+        let device: i64 = x.call_method0("get_device")?.extract()?;
+        if device != self.device.map_or(-1, |d| d as i64) {
+            let on = x.getattr("device")?.str()?;
+            return Err(PyValueError::new_err(format!(
+                "{name}: is on {on}, the other inputs are on {}",
+                self.device_name()
+            )));
+        }
+        Ok(Meta {
+            ptr: x.call_method0("data_ptr")?.extract()?,
+            shape: x.getattr("shape")?.extract()?,
+            strides: x.call_method0("stride")?.extract()?,
+        })
+    }
+
+    pub fn logits(&self, x: &Bound<'_, PyAny>, name: &str) -> PyResult<Logits> {
+        self.tensor(x, name)?;
+        let py = x.py();
+        let dtype = x.getattr("dtype")?;
+        let Some(pos) = self.torch.dtypes.iter().position(|d| d.bind(py).is(&dtype)) else {
+            return Err(PyTypeError::new_err(format!(
+                "{name}: dtype must be bfloat16, float16 or float32, got {}",
+                dtype.str()?
+            )));
+        };
+        let m = self.meta(x, name)?;
+        let (Ok(shape), Ok(strides)) = (
+            <[usize; 3]>::try_from(m.shape.as_slice()),
+            <[i64; 3]>::try_from(m.strides.as_slice()),
+        ) else {
+            return Err(PyValueError::new_err(format!(
+                "{name}: must be 3-D [bs, L, V], got shape {}",
+                as_tuple(&m.shape)
+            )));
+        };
+        Ok(Logits {
+            ptr: m.ptr,
+            dtype: [Dtype::F32, Dtype::F16, Dtype::Bf16][pos],
+            shape,
+            strides,
+        })
+    }
+
+    /// An int64 `[n]` vector on the engine's device, and the contiguous copy made of a
+    /// strided one (kept by the caller until the launch is queued, all the stream needs).
+    pub fn index_vector<'py>(
+        &self,
+        x: &Bound<'py, PyAny>,
+        name: &str,
+        n: usize,
+    ) -> PyResult<(u64, Option<Bound<'py, PyAny>>)> {
+        self.tensor(x, name)?;
+        let dtype = x.getattr("dtype")?;
+        if !dtype.is(self.torch.int64.bind(x.py())) {
+            return Err(PyTypeError::new_err(format!(
+                "{name}: dtype must be int64, got {}",
+                dtype.str()?
+            )));
+        }
+        let m = self.meta(x, name)?;
+        if m.shape != [n] {
+            return Err(PyValueError::new_err(format!(
+                "{name}: shape must be [{n}], got {:?}",
+                m.shape
+            )));
+        }
+        if n > 1 && m.strides[0] != 1 {
+            let copy = x.call_method0("contiguous")?;
+            let ptr = copy.call_method0("data_ptr")?.extract()?;
+            return Ok((ptr, Some(copy)));
+        }
+        Ok((m.ptr, None))
+    }
+
+    /// The verify window of the last round: an int64 `[bs, Q]` contiguous tensor on this
+    /// device (the CPU path's messages, in its order).
+    pub fn window(&self, w: &Bound<'_, PyAny>, r: Round) -> PyResult<u64> {
+        let name = "out_cache_loc";
+        self.tensor(w, name)?;
+        let dtype = w.getattr("dtype")?;
+        let shape: Vec<usize> = w.getattr("shape")?.extract()?;
+        if shape.len() == 2 && shape[1] != r.q() {
+            return Err(PyValueError::new_err(format!(
+                "{name}: must be [bs, {}] (Q of the tree), got {shape:?}",
+                r.q()
+            )));
+        }
+        if !dtype.is(self.torch.int64.bind(w.py())) || shape.len() != 2 || shape[0] != r.bs {
+            return Err(PyValueError::new_err(format!(
+                "{name}: must be int64 [{}, Q], got {} {shape:?}",
+                r.bs,
+                dtype.str()?
+            )));
+        }
+        let device: i64 = w.call_method0("get_device")?.extract()?;
+        if device != self.device.map_or(-1, |d| d as i64) {
+            let on = w.getattr("device")?.str()?;
+            return Err(PyValueError::new_err(format!(
+                "{name}: on {on}, the acceptance is on {}",
+                self.device_name()
+            )));
+        }
+        if !w.call_method0("is_contiguous")?.extract::<bool>()? {
+            return Err(PyValueError::new_err(format!("{name}: must be contiguous")));
+        }
+        w.call_method0("data_ptr")?.extract()
+    }
+}

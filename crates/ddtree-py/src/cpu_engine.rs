@@ -1,0 +1,151 @@
+//! `CpuEngine`: the CPU twin of `CudaEngine` behind a CPU `Stepper`. The same tensor checks
+//! (`checks.rs`, for the CPU) and the same round state machine (ddtree-core's `Planner`), then
+//! the Rust CPU path instead of kernels. On the CPU the index *values* are checked too, on
+//! the host (on CUDA they are status codes: reading them would sync).
+
+use crate::buffers::TreeOut;
+use crate::checks::Checks;
+use crate::engine::round_key;
+use crate::errors;
+use crate::tensor::{slice, TensorArg};
+use ddtree_core::round::{Limits, Planner};
+use ddtree_cuda::{Dtype, Logits};
+use half::{bf16, f16};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+
+#[pyclass(module = "ddtree._core", name = "CpuEngine")]
+pub struct CpuEngine {
+    planner: Planner,
+    checks: Checks,
+    /// The Stepper's `Tree` of the largest shape: each field's region starts there, and a
+    /// step of any shape writes the leading part.
+    tree: TreeOut,
+}
+
+#[pymethods]
+impl CpuEngine {
+    /// `limits`: (max_batch, budget, depth, vocab, topk or None); `tree`: a `Tree` of the
+    /// largest shape viewing the Stepper's static buffers (read once, here).
+    #[new]
+    fn new(
+        py: Python<'_>,
+        limits: (usize, usize, usize, usize, Option<usize>),
+        tree: TreeOut,
+    ) -> PyResult<Self> {
+        let (max_batch, budget, depth, vocab, topk) = limits;
+        Ok(Self {
+            planner: Planner::new(Limits {
+                max_batch,
+                budget,
+                depth,
+                vocab,
+                topk,
+            }),
+            checks: Checks::new(py, None)?,
+            tree,
+        })
+    }
+
+    /// SPEC stages 1–3 into the static buffers; returns the round's (bs, depth, K, V).
+    fn step<'py>(
+        &mut self,
+        py: Python<'py>,
+        draft_logits: &Bound<'py, PyAny>,
+        root_tokens: &Bound<'py, PyAny>,
+        prefix_lens: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let x = self.checks.logits(draft_logits, "draft_logits")?;
+        let r = self.planner.plan_step(x.shape).map_err(errors::to_py)?;
+        let (roots, _roots_copy) = self.checks.index_vector(root_tokens, "root_tokens", r.bs)?;
+        let (prefix, _prefix_copy) = self.checks.index_vector(prefix_lens, "prefix_lens", r.bs)?;
+        // SAFETY: checked live int64 [bs] CPU tensors (or their contiguous copies).
+        let (rs, ps) = unsafe {
+            (
+                slice::<i64>(roots as usize, r.bs),
+                slice::<i64>(prefix as usize, r.bs),
+            )
+        };
+        check_roots(rs, r.vocab)?;
+        check_prefix(ps, r.depth)?;
+        let logits = tensor_arg(&x)?;
+        let l = self.planner.limits;
+        let (root_ptr, prefix_ptr, tree) = (roots as usize, prefix as usize, &self.tree);
+        match x.dtype {
+            Dtype::F32 => {
+                crate::build_as::<f32>(py, &logits, root_ptr, prefix_ptr, l.budget, l.topk, tree)
+            }
+            Dtype::F16 => {
+                crate::build_as::<f16>(py, &logits, root_ptr, prefix_ptr, l.budget, l.topk, tree)
+            }
+            Dtype::Bf16 => {
+                crate::build_as::<bf16>(py, &logits, root_ptr, prefix_ptr, l.budget, l.topk, tree)
+            }
+        }?;
+        self.planner.resume(r);
+        round_key(py, r)
+    }
+
+    /// Checks target logits against the last step's tree (shape, vocabulary, device).
+    fn check_target(&self, target_logits: &Bound<'_, PyAny>) -> PyResult<()> {
+        let t = self.checks.logits(target_logits, "target_logits")?;
+        self.planner
+            .plan_accept(t.shape)
+            .map(|_| ())
+            .map_err(errors::to_py)
+    }
+}
+
+/// The CPU path's view of checked logits (CPU strides are never negative).
+fn tensor_arg(x: &Logits) -> PyResult<TensorArg> {
+    let dtype = match x.dtype {
+        Dtype::F32 => "float32",
+        Dtype::F16 => "float16",
+        Dtype::Bf16 => "bfloat16",
+    };
+    let strides = x
+        .strides
+        .iter()
+        .map(|&s| usize::try_from(s))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|_| PyValueError::new_err("draft_logits: negative strides are not supported"))?;
+    Ok(TensorArg {
+        ptr: x.ptr as usize,
+        dtype: dtype.into(),
+        shape: x.shape.to_vec(),
+        strides,
+    })
+}
+
+/// Every root token must lie in the draft's vocabulary (the first one that does not is
+/// named).
+fn check_roots(roots: &[i64], vocab: usize) -> PyResult<()> {
+    match roots.iter().find(|&&t| t < 0 || t as u64 >= vocab as u64) {
+        Some(bad) => Err(PyValueError::new_err(format!(
+            "root_tokens: token {bad} is outside the vocabulary 0..{vocab}"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Prefix lengths must be ≥ 0, and small enough that `prefix + depth` fits in the int64
+/// positions.
+fn check_prefix(prefix: &[i64], depth: usize) -> PyResult<()> {
+    let (Some(&lo), Some(&hi)) = (prefix.iter().min(), prefix.iter().max()) else {
+        return Ok(());
+    };
+    if lo < 0 {
+        return Err(PyValueError::new_err(format!(
+            "prefix_lens: must be ≥ 0, got {lo}"
+        )));
+    }
+    let limit = i64::MAX - depth as i64;
+    if hi > limit {
+        return Err(PyValueError::new_err(format!(
+            "prefix_lens: {hi} + depth {depth} overflows the int64 positions (at most \
+             {limit} at this depth)"
+        )));
+    }
+    Ok(())
+}
