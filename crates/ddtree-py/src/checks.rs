@@ -3,7 +3,8 @@
 //! messages of the package's documented checks. One `Checks` per engine, for its device
 //! (`None`: the CPU).
 
-use ddtree_core::round::Round;
+use crate::errors;
+use ddtree_core::round::{Planner, Round};
 use ddtree_cuda::{Dtype, Logits};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -46,6 +47,16 @@ pub fn as_tuple(shape: &[usize]) -> String {
     format!("({}{comma})", parts.join(", "))
 }
 
+/// A step's checked inputs: the draft logits, the round they plan, the index vectors'
+/// addresses, and the contiguous copies made of strided ones (alive until the launch).
+pub struct StepInputs<'py> {
+    pub logits: Logits,
+    pub round: Round,
+    pub roots: u64,
+    pub prefix: u64,
+    _copies: [Option<Bound<'py, PyAny>>; 2],
+}
+
 /// The tensor checks of an engine on `device` (a CUDA ordinal, or `None` for the CPU).
 pub struct Checks {
     pub torch: Torch,
@@ -57,6 +68,27 @@ impl Checks {
         Ok(Self {
             torch: Torch::load(py)?,
             device,
+        })
+    }
+
+    /// A step's arguments, checked in the documented order against `planner`'s limits.
+    pub fn step_inputs<'py>(
+        &self,
+        planner: &Planner,
+        draft_logits: &Bound<'py, PyAny>,
+        root_tokens: &Bound<'py, PyAny>,
+        prefix_lens: &Bound<'py, PyAny>,
+    ) -> PyResult<StepInputs<'py>> {
+        let logits = self.logits(draft_logits, "draft_logits")?;
+        let round = planner.plan_step(logits.shape).map_err(errors::to_py)?;
+        let (roots, a) = self.index_vector(root_tokens, "root_tokens", round.bs)?;
+        let (prefix, b) = self.index_vector(prefix_lens, "prefix_lens", round.bs)?;
+        Ok(StepInputs {
+            logits,
+            round,
+            roots,
+            prefix,
+            _copies: [a, b],
         })
     }
 

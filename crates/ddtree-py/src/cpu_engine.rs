@@ -56,10 +56,10 @@ impl CpuEngine {
         root_tokens: &Bound<'py, PyAny>,
         prefix_lens: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyTuple>> {
-        let x = self.checks.logits(draft_logits, "draft_logits")?;
-        let r = self.planner.plan_step(x.shape).map_err(errors::to_py)?;
-        let (roots, _roots_copy) = self.checks.index_vector(root_tokens, "root_tokens", r.bs)?;
-        let (prefix, _prefix_copy) = self.checks.index_vector(prefix_lens, "prefix_lens", r.bs)?;
+        let inputs =
+            self.checks
+                .step_inputs(&self.planner, draft_logits, root_tokens, prefix_lens)?;
+        let (x, r, roots, prefix) = (inputs.logits, inputs.round, inputs.roots, inputs.prefix);
         // SAFETY: checked live int64 [bs] CPU tensors (or their contiguous copies).
         let (rs, ps) = unsafe {
             (

@@ -80,10 +80,13 @@ impl CudaEngine {
         root_tokens: &Bound<'py, PyAny>,
         prefix_lens: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyTuple>> {
-        let x = self.checks.logits(draft_logits, "draft_logits")?;
-        let r = self.engine.plan_step(x.shape).map_err(errors::cuda_to_py)?;
-        let (roots, _roots_copy) = self.checks.index_vector(root_tokens, "root_tokens", r.bs)?;
-        let (prefix, _prefix_copy) = self.checks.index_vector(prefix_lens, "prefix_lens", r.bs)?;
+        let inputs = self.checks.step_inputs(
+            &self.engine.planner,
+            draft_logits,
+            root_tokens,
+            prefix_lens,
+        )?;
+        let (x, roots, prefix) = (inputs.logits, inputs.roots, inputs.prefix);
         let stream = self.stream(py)?;
         // SAFETY: the tensors were checked above (dtype, rank, sizes, device, contiguity
         // of the index vectors) and stay alive for the call; the launches are asynchronous.
