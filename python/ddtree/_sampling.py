@@ -61,13 +61,27 @@ class SamplingState:
     def load(self, bs: int, temperature, top_k, top_p) -> None:
         """Per-request values: scalars (checked here) or ``[bs]`` tensors on this device
         (their values are the kernel's: temperature ≤ 0 or NaN is greedy, top_k ≤ 0 or ≥ V
-        and top_p ≥ 1 are off; checking them here would sync)."""
-        for name, buf, value, default, kind in (
-            ("temperature", self.temperature, temperature, 0.0, numbers.Real),
-            ("top_k", self.top_k, top_k, 0, numbers.Integral),
-            ("top_p", self.top_p, top_p, 1.0, numbers.Real),
+        and top_p ≥ 1 are off; checking them here would sync). All three are checked before
+        any is written."""
+        self.check(bs, temperature, top_k, top_p)
+        for buf, value, default in (
+            (self.temperature, temperature, 0.0),
+            (self.top_k, top_k, 0),
+            (self.top_p, top_p, 1.0),
         ):
             part = buf[:bs]
+            if isinstance(value, torch.Tensor):
+                part.copy_(value)
+            else:
+                part.fill_(default if value is None else value)
+
+    def check(self, bs: int, temperature, top_k, top_p) -> None:
+        """Raises for a bad scalar, or a tensor of the wrong shape or device, naming it."""
+        for name, value, kind in (
+            ("temperature", temperature, numbers.Real),
+            ("top_k", top_k, numbers.Integral),
+            ("top_p", top_p, numbers.Real),
+        ):
             if isinstance(value, torch.Tensor):
                 if tuple(value.shape) != (bs,):
                     raise ValueError(
@@ -75,11 +89,8 @@ class SamplingState:
                     )
                 if value.device != self.device:
                     raise ValueError(f"{name}: tensor on {value.device}, expected {self.device}")
-                part.copy_(value)
-            else:
-                if value is not None:
-                    _check_scalar(name, value, kind)
-                part.fill_(default if value is None else value)
+            elif value is not None:
+                _check_scalar(name, value, kind)
 
     @staticmethod
     def scalars(temperature, top_k, top_p) -> tuple[float, int, float]:

@@ -196,18 +196,23 @@ class Stepper:
         if _sampling.is_greedy(temperature):
             self._engine.accept(target_logits, False, readback)
             return
-        if isinstance(generator, torch.Generator):  # drawing a seed changes it: check first
+        bs = self._tree.batch_size
+        tensors = any(isinstance(v, torch.Tensor) for v in (temperature, top_k, top_p))
+        # Every argument is checked before anything changes: drawing a seed from a
+        # torch.Generator advances it, and loading writes the sampling state.
+        if tensors:
+            self._sampling.check(bs, temperature, top_k, top_p)
+        else:
+            params = _sampling.SamplingState.scalars(temperature, top_k, top_p)
+        if isinstance(generator, torch.Generator) or tensors:
             self._engine.check_target(target_logits)
         seed = None if generator is None else _api.seed_of(generator) & _sampling.SEED_MASK
-        if not any(isinstance(v, torch.Tensor) for v in (temperature, top_k, top_p)):
-            # Scalars (or None) and the seed: written by the accept's own first kernel.
-            params = _sampling.SamplingState.scalars(temperature, top_k, top_p)
+        if not tensors:  # scalars (or None) and the seed: written by the accept's first kernel
             self._engine.accept(target_logits, True, readback, params, seed)
             return
-        self._engine.check_target(target_logits)
         if seed is not None:
             self._engine.load_sampling(None, seed)
-        self._sampling.load(self._tree.batch_size, temperature, top_k, top_p)
+        self._sampling.load(bs, temperature, top_k, top_p)
         self._engine.accept(target_logits, True, readback)
 
     def _publish(self, acc: Acceptance, readback: bool) -> None:

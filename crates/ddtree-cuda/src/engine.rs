@@ -79,6 +79,9 @@ pub struct Engine {
     pub ordinal: usize,
     /// The limits and the last step's round (ddtree-core's, shared with the CPU engine).
     pub planner: Planner,
+    /// The round of the last accept: what the commit calls and a publish work on (a later
+    /// step does not change the acceptance they read).
+    accepted: Option<Round>,
     bufs: Buffers,
     /// An eager step replays one graph of its three launches, an eager accept one of its
     /// walk (+ the generator's advance) (+ the readback), per launch geometry.
@@ -92,6 +95,7 @@ impl Engine {
         Self {
             ordinal,
             planner: Planner::new(limits),
+            accepted: None,
             bufs,
             eager_graphs: true,
             build_graphs: GraphCache::default(),
@@ -104,9 +108,16 @@ impl Engine {
         self.planner.last()
     }
 
-    /// Makes `r` the current round again: a replayed graph rewrote the buffers for it.
+    /// Makes `r` the current round again, stepped and accepted: a replayed graph of a whole
+    /// round rewrote the buffers for it.
     pub fn resume(&mut self, r: Round) {
         self.planner.resume(r);
+        self.accepted = Some(r);
+    }
+
+    /// The round of the last accept, if any.
+    pub fn accepted(&self) -> Option<Round> {
+        self.accepted
     }
 
     /// The round a step with draft logits of `shape` builds, or the error naming the
@@ -223,6 +234,7 @@ impl Engine {
             held,
             stream,
         )?;
+        self.accepted = Some(r);
         Ok(r)
     }
 
@@ -279,7 +291,7 @@ impl Engine {
     /// # Safety
     /// The buffers are alive and an accept ran on `stream` (or before it) for this round.
     pub unsafe fn publish(&self, stream: u64) -> Result<(), CudaError> {
-        let r = self.round("Stepper.publish")?;
+        let r = self.acceptance("Stepper.publish")?;
         readback(self.ordinal, stream, self.bufs.ring, self.readback_src(r))
     }
 
@@ -294,7 +306,7 @@ impl Engine {
         window: u64,
         num_slots: Option<usize>,
     ) -> Result<Round, CudaError> {
-        let r = self.round("Stepper.kept_slots")?;
+        let r = self.acceptance("Stepper.kept_slots")?;
         let path = CommitPath {
             bs: r.bs,
             q: r.q(),
@@ -312,6 +324,12 @@ impl Engine {
             self.bufs.release,
         )?;
         Ok(r)
+    }
+
+    /// The last accept's round, or "`what`: call accept() first".
+    fn acceptance(&self, what: &'static str) -> Result<Round, CudaError> {
+        self.accepted
+            .ok_or_else(|| CudaError::arg(format!("{what}: call accept() first")))
     }
 
     fn round(&self, what: &'static str) -> Result<Round, CudaError> {
@@ -384,11 +402,28 @@ mod tests {
 
     #[test]
     fn sampling_load_has_the_kernels_layout() {
-        // The same numbers as the static_assert in sample.cuh.
+        // The numbers of the static_assert in sample.cuh, field by field.
+        use std::mem::offset_of;
+        let header = include_str!("../../../kernels/include/ddtree/sample.cuh");
+        let fields = [
+            ("top_k", offset_of!(SamplingLoad, top_k), 8),
+            ("top_p", offset_of!(SamplingLoad, top_p), 16),
+            ("rng", offset_of!(SamplingLoad, rng), 24),
+            ("seed", offset_of!(SamplingLoad, seed), 32),
+            ("t", offset_of!(SamplingLoad, t), 40),
+            ("k", offset_of!(SamplingLoad, k), 44),
+            ("p", offset_of!(SamplingLoad, p), 48),
+            ("bs", offset_of!(SamplingLoad, bs), 52),
+            ("reseed", offset_of!(SamplingLoad, reseed), 56),
+            ("pad", offset_of!(SamplingLoad, pad), 60),
+        ];
         assert_eq!(std::mem::size_of::<SamplingLoad>(), 64);
-        assert_eq!(std::mem::offset_of!(SamplingLoad, seed), 32);
-        assert_eq!(std::mem::offset_of!(SamplingLoad, bs), 52);
-        assert_eq!(std::mem::offset_of!(SamplingLoad, reseed), 56);
+        assert!(header.contains("sizeof(SamplingLoad) == 64"));
+        for (name, got, want) in fields {
+            assert_eq!(got, want, "SamplingLoad.{name}");
+            let line = format!("offsetof(SamplingLoad, {name}) == {want}");
+            assert!(header.contains(&line), "sample.cuh lacks `{line}`");
+        }
     }
 
     #[test]
@@ -403,16 +438,21 @@ mod tests {
             e.plan_accept([1, 64, 1000]),
             Err(CudaError::Arg(_))
         ));
-        assert!(msg(e.publish_round_error()).contains("Stepper.publish: call step() first"));
+        assert!(msg(e.publish_round_error()).contains("Stepper.publish: call accept() first"));
         e.resume(e.plan_step([3, 4, 900]).unwrap());
         assert_eq!(e.last().unwrap().bs, 3);
-        let m = msg(e.plan_accept([3, 64, 1000]).unwrap_err());
+        // A replayed round counts as accepted; a later step alone does not move the round
+        // the commit calls read.
+        assert_eq!(e.accepted().unwrap().bs, 3);
+        e.planner.resume(e.plan_step([2, 2, 900]).unwrap());
+        assert_eq!((e.accepted().unwrap().bs, e.last().unwrap().bs), (3, 2));
+        let m = msg(e.plan_accept([2, 64, 1000]).unwrap_err());
         assert!(m.starts_with("target_logits: vocabulary V = 1000"), "{m}");
     }
 
     impl Engine {
         fn publish_round_error(&self) -> CudaError {
-            self.round("Stepper.publish").unwrap_err()
+            self.acceptance("Stepper.publish").unwrap_err()
         }
     }
 }

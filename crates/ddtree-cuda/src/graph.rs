@@ -72,6 +72,10 @@ impl<P: PartialEq + Copy, G> GraphCache<P, G> {
         self.entries.insert(key, (params, graph));
     }
 
+    pub fn remove(&mut self, key: &GraphKey) {
+        self.entries.remove(key);
+    }
+
     /// The graph of `key` and the parameters its nodes hold.
     pub fn get_mut(&mut self, key: &GraphKey) -> Option<(&mut P, &mut G)> {
         self.entries.get_mut(key).map(|(p, g)| (p, g))
@@ -210,7 +214,12 @@ pub(crate) unsafe fn run<P: PartialEq + Copy>(
         Action::Update | Action::Launch => {
             let (held, g) = cache.get_mut(&key).expect("planned from this cache");
             if *held != params {
-                g.update(nodes)?;
+                if let Err(e) = g.update(nodes) {
+                    // Some nodes may hold the new arguments already: drop the graph rather
+                    // than keep one whose nodes disagree with `held`.
+                    cache.remove(&key);
+                    return Err(e);
+                }
                 *held = params;
             }
             g.launch(stream)?;
@@ -263,5 +272,7 @@ mod tests {
         *c.get_mut(&key(8)).unwrap().0 = 2;
         assert_eq!(c.plan(false, &key(8), &2), Action::Launch);
         assert_eq!(c.len(), 2);
+        c.remove(&key(8)); // a failed update drops the graph: the next call rebuilds it
+        assert_eq!(c.plan(false, &key(8), &2), Action::Build);
     }
 }

@@ -112,17 +112,42 @@ mod tests {
 
     #[test]
     fn build_and_accept_params_match_the_header() {
-        layout!(BuildParams, size 192, roots 32, out 48, scratch 144, best_first 188);
-        assert_eq!(offset_of!(BuildParams, l), 168);
-        assert!(HEADER.contains("offsetof(BuildParams, L) == 168"));
-        layout!(AcceptParams, size 152, tree 32, out 56, sampling 104, cache_slice 148);
-        assert_eq!(offset_of!(AcceptParams, v), 136);
-        assert!(HEADER.contains("offsetof(AcceptParams, V) == 136"));
+        layout!(BuildParams, size 192, s0 8, s1 16, s2 24, roots 32, prefix 40, out 48,
+                scratch 144, budget 180, cache_lp 184, best_first 188);
+        layout!(AcceptParams, size 152, s0 8, s1 16, s2 24, tree 32, out 56, sampling 104,
+                q 140, path_len 144, cache_slice 148);
+        // The dimension fields are upper case in C++.
+        for (rust, cpp, off) in [
+            (
+                offset_of!(BuildParams, l),
+                "offsetof(BuildParams, L) == 168",
+                168,
+            ),
+            (
+                offset_of!(BuildParams, v),
+                "offsetof(BuildParams, V) == 172",
+                172,
+            ),
+            (
+                offset_of!(BuildParams, k),
+                "offsetof(BuildParams, K) == 176",
+                176,
+            ),
+            (
+                offset_of!(AcceptParams, v),
+                "offsetof(AcceptParams, V) == 136",
+                136,
+            ),
+        ] {
+            assert_eq!(rust, off, "{cpp}");
+            assert!(HEADER.contains(cpp), "params.h lacks `{cpp}`");
+        }
     }
 
     #[test]
     fn commit_and_mask_params_match_the_header() {
-        layout!(CommitParams, size 88, row_bytes 64, q 80);
-        layout!(MaskParams, size 40, q 32);
+        layout!(CommitParams, size 88, status 8, window 16, kept 24, release 32, buffers 40,
+                hidden 48, out 56, row_bytes 64, slots 72, q 80, path_len 84);
+        layout!(MaskParams, size 40, seq_lens 8, out 16, out_len 24, q 32, write_prefix 36);
     }
 }

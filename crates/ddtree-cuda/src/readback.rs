@@ -1,8 +1,8 @@
 //! The readback ring (`kernels/include/ddtree/readback.cuh`): a kernel stores each
 //! acceptance into the next slot of pinned host memory through its device mapping and
 //! advances the ring's cursor in device memory, so replays of any graph that captured the
-//! call write fresh slots. [`SlotLayout`] is the slot format both sides read; the host's
-//! reader lives with the Stepper (Python), which only needs the layout's word offsets.
+//! call write fresh slots. [`SlotLayout`] is the slot format both sides read, and
+//! [`RingReader`] the host's reader (the Python ring turns the slot it copies into tensors).
 
 use crate::device::{enter_device, Device};
 use crate::{CudaError, Kernel, Params};
@@ -78,12 +78,24 @@ impl SlotLayout {
 /// returned torn.
 pub struct RingReader {
     /// Host address of the pinned slots, `[nslots, slot_words]` int64.
-    pub host: *const i64,
-    pub nslots: usize,
-    pub slot_words: usize,
+    host: *const i64,
+    nslots: usize,
+    slot_words: usize,
 }
 
 impl RingReader {
+    /// # Safety
+    /// `host` must address `nslots * slot_words` live int64 words (the pinned ring) for as
+    /// long as the reader is used.
+    pub unsafe fn new(host: *const i64, nslots: usize, slot_words: usize) -> Self {
+        assert!(slot_words >= 2, "a slot holds at least its two stamps");
+        Self {
+            host,
+            nslots,
+            slot_words,
+        }
+    }
+
     fn word(&self, slot: usize, i: usize) -> i64 {
         // SAFETY: (`new`'s contract) `host` holds nslots * slot_words live words; the GPU
         // writes them concurrently, so every read is volatile.
@@ -199,11 +211,9 @@ mod tests {
     }
 
     fn reader(host: &[i64], nslots: usize, words: usize) -> RingReader {
-        RingReader {
-            host: host.as_ptr(),
-            nslots,
-            slot_words: words,
-        }
+        assert_eq!(host.len(), nslots * words);
+        // SAFETY: `host` holds nslots * words words and outlives the reader in each test.
+        unsafe { RingReader::new(host.as_ptr(), nslots, words) }
     }
 
     #[test]
@@ -237,14 +247,52 @@ mod layout_tests {
 
     #[test]
     fn the_kernel_structs_have_the_header_layout() {
-        // The same numbers as the static_asserts in readback.cuh.
-        assert_eq!(std::mem::size_of::<ReadbackRing>(), 32);
-        assert_eq!(std::mem::offset_of!(ReadbackRing, slot_words), 16);
-        assert_eq!(std::mem::offset_of!(ReadbackRing, nslots), 24);
-        assert_eq!(std::mem::size_of::<ReadbackSrc>(), 40);
-        assert_eq!(std::mem::offset_of!(ReadbackSrc, status), 24);
-        assert_eq!(std::mem::offset_of!(ReadbackSrc, path_len), 36);
+        // The same numbers as the static_asserts in readback.cuh, field by field, and the
+        // header must state each.
+        use std::mem::{offset_of, size_of};
         let header = include_str!("../../../kernels/include/ddtree/readback.cuh");
+        for (line, got) in [
+            (
+                "sizeof(ReadbackRing) == 32",
+                size_of::<ReadbackRing>() == 32,
+            ),
+            (
+                "offsetof(ReadbackRing, cursor) == 8",
+                offset_of!(ReadbackRing, cursor) == 8,
+            ),
+            (
+                "offsetof(ReadbackRing, slot_words) == 16",
+                offset_of!(ReadbackRing, slot_words) == 16,
+            ),
+            (
+                "offsetof(ReadbackRing, nslots) == 24",
+                offset_of!(ReadbackRing, nslots) == 24,
+            ),
+            ("sizeof(ReadbackSrc) == 40", size_of::<ReadbackSrc>() == 40),
+            (
+                "offsetof(ReadbackSrc, bonus) == 8",
+                offset_of!(ReadbackSrc, bonus) == 8,
+            ),
+            (
+                "offsetof(ReadbackSrc, accepted_tokens) == 16",
+                offset_of!(ReadbackSrc, accepted_tokens) == 16,
+            ),
+            (
+                "offsetof(ReadbackSrc, status) == 24",
+                offset_of!(ReadbackSrc, status) == 24,
+            ),
+            (
+                "offsetof(ReadbackSrc, bs) == 32",
+                offset_of!(ReadbackSrc, bs) == 32,
+            ),
+            (
+                "offsetof(ReadbackSrc, path_len) == 36",
+                offset_of!(ReadbackSrc, path_len) == 36,
+            ),
+        ] {
+            assert!(got, "Rust differs from `{line}`");
+            assert!(header.contains(line), "readback.cuh lacks `{line}`");
+        }
         assert!(header.contains(&format!("kReadbackHeader = {HEADER_WORDS};")));
     }
 

@@ -92,6 +92,16 @@ impl Checks {
         })
     }
 
+    /// Whether tensor `x` is on this engine's device (the device type too: an `xpu:0`
+    /// tensor is not on `cuda:0`).
+    fn on_device(&self, x: &Bound<'_, PyAny>) -> PyResult<bool> {
+        match self.device {
+            None => x.getattr("is_cpu")?.extract(),
+            Some(d) => Ok(x.getattr("is_cuda")?.extract::<bool>()?
+                && x.call_method0("get_device")?.extract::<i64>()? == d as i64),
+        }
+    }
+
     /// How torch names the device: `cpu`, `cuda:0`.
     fn device_name(&self) -> String {
         self.device.map_or("cpu".into(), |d| format!("cuda:{d}"))
@@ -110,8 +120,7 @@ impl Checks {
 
     /// A tensor's pointer, shape and strides, after the device check.
     pub fn meta(&self, x: &Bound<'_, PyAny>, name: &str) -> PyResult<Meta> {
-        let device: i64 = x.call_method0("get_device")?.extract()?;
-        if device != self.device.map_or(-1, |d| d as i64) {
+        if !self.on_device(x)? {
             let on = x.getattr("device")?.str()?;
             return Err(PyValueError::new_err(format!(
                 "{name}: is on {on}, the other inputs are on {}",
@@ -204,8 +213,7 @@ impl Checks {
                 dtype.str()?
             )));
         }
-        let device: i64 = w.call_method0("get_device")?.extract()?;
-        if device != self.device.map_or(-1, |d| d as i64) {
+        if !self.on_device(w)? {
             let on = w.getattr("device")?.str()?;
             return Err(PyValueError::new_err(format!(
                 "{name}: on {on}, the acceptance is on {}",

@@ -139,13 +139,14 @@ pub fn readback_newest(
     after: i64,
     out: usize,
 ) -> Option<i64> {
-    let reader = ddtree_cuda::RingReader {
-        host: host as *const i64,
-        nslots,
-        slot_words,
+    // SAFETY: the Python ring passes its live pinned tensor of nslots * slot_words int64
+    // words and a buffer of slot_words.
+    let (reader, out) = unsafe {
+        (
+            ddtree_cuda::RingReader::new(host as *const i64, nslots, slot_words),
+            crate::tensor::slice_mut::<i64>(out, slot_words),
+        )
     };
-    // SAFETY: the Python ring passes its live pinned tensor and a buffer of slot_words.
-    let out = unsafe { crate::tensor::slice_mut::<i64>(out, slot_words) };
     reader.newest(after, out)
 }
 

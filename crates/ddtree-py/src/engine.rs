@@ -201,8 +201,8 @@ impl CudaEngine {
     ) -> PyResult<()> {
         let r = self
             .engine
-            .last()
-            .ok_or_else(|| PyValueError::new_err("Stepper.kept_slots: call step() first"))?;
+            .accepted()
+            .ok_or_else(|| PyValueError::new_err("Stepper.kept_slots: call accept() first"))?;
         let window = self.checks.window(out_cache_loc, r)?;
         let stream = self.stream(py)?;
         // SAFETY: `window` is a checked live int64 [bs, Q] tensor; the buffers are alive.

@@ -94,9 +94,14 @@ struct BuildParams {
   int cache_lp;    // the best-first fallback caches the log-probs in shared memory
   int best_first;  // force the best-first selection (benchmarks, tests)
 };
-static_assert(sizeof(BuildParams) == 192 && offsetof(BuildParams, roots) == 32 &&
-                  offsetof(BuildParams, out) == 48 && offsetof(BuildParams, scratch) == 144 &&
-                  offsetof(BuildParams, L) == 168 && offsetof(BuildParams, best_first) == 188,
+static_assert(sizeof(BuildParams) == 192 && offsetof(BuildParams, logits) == 0 &&
+              offsetof(BuildParams, s0) == 8 && offsetof(BuildParams, s1) == 16 &&
+              offsetof(BuildParams, s2) == 24 && offsetof(BuildParams, roots) == 32 &&
+              offsetof(BuildParams, prefix) == 40 && offsetof(BuildParams, out) == 48 &&
+              offsetof(BuildParams, scratch) == 144 && offsetof(BuildParams, L) == 168 &&
+              offsetof(BuildParams, V) == 172 && offsetof(BuildParams, K) == 176 &&
+              offsetof(BuildParams, budget) == 180 && offsetof(BuildParams, cache_lp) == 184 &&
+              offsetof(BuildParams, best_first) == 188,
               "BuildParams layout");
 
 // SPEC stage 4 (accept.cu): the walk and the generator's advance.
@@ -109,9 +114,13 @@ struct AcceptParams {
   int V, q, path_len;
   int cache_slice;  // each block keeps its row slice in dynamic shared memory
 };
-static_assert(sizeof(AcceptParams) == 152 && offsetof(AcceptParams, tree) == 32 &&
-                  offsetof(AcceptParams, out) == 56 && offsetof(AcceptParams, sampling) == 104 &&
-                  offsetof(AcceptParams, V) == 136 && offsetof(AcceptParams, cache_slice) == 148,
+static_assert(sizeof(AcceptParams) == 152 && offsetof(AcceptParams, logits) == 0 &&
+              offsetof(AcceptParams, s0) == 8 && offsetof(AcceptParams, s1) == 16 &&
+              offsetof(AcceptParams, s2) == 24 && offsetof(AcceptParams, tree) == 32 &&
+              offsetof(AcceptParams, out) == 56 && offsetof(AcceptParams, sampling) == 104 &&
+              offsetof(AcceptParams, V) == 136 && offsetof(AcceptParams, q) == 140 &&
+              offsetof(AcceptParams, path_len) == 144 &&
+              offsetof(AcceptParams, cache_slice) == 148,
               "AcceptParams layout");
 
 // SPEC stage 5 (commit.cu): the accepted paths, the verify window and each kernel's
@@ -129,8 +138,13 @@ struct CommitParams {
   long long slots;  // rows of the smallest cache; < 0: slots unchecked (kept_slots)
   int q, path_len;
 };
-static_assert(sizeof(CommitParams) == 88 && offsetof(CommitParams, row_bytes) == 64 &&
-                  offsetof(CommitParams, q) == 80,
+static_assert(sizeof(CommitParams) == 88 && offsetof(CommitParams, nodes) == 0 &&
+              offsetof(CommitParams, status) == 8 && offsetof(CommitParams, window) == 16 &&
+              offsetof(CommitParams, kept) == 24 && offsetof(CommitParams, release) == 32 &&
+              offsetof(CommitParams, buffers) == 40 && offsetof(CommitParams, hidden) == 48 &&
+              offsetof(CommitParams, out) == 56 && offsetof(CommitParams, row_bytes) == 64 &&
+              offsetof(CommitParams, slots) == 72 && offsetof(CommitParams, q) == 80 &&
+              offsetof(CommitParams, path_len) == 84,
               "CommitParams layout");
 
 // SGLang's FULL mask (emit.cu).
@@ -142,6 +156,10 @@ struct MaskParams {
   int q;
   int write_prefix;
 };
-static_assert(sizeof(MaskParams) == 40 && offsetof(MaskParams, q) == 32, "MaskParams layout");
+static_assert(sizeof(MaskParams) == 40 && offsetof(MaskParams, ancestor_bits) == 0 &&
+              offsetof(MaskParams, seq_lens) == 8 && offsetof(MaskParams, out) == 16 &&
+              offsetof(MaskParams, out_len) == 24 && offsetof(MaskParams, q) == 32 &&
+              offsetof(MaskParams, write_prefix) == 36,
+              "MaskParams layout");
 
 }  // namespace ddtree

@@ -11,8 +11,8 @@
 // wait on; the second follows the barrier after the data stores, so it orders them (fences
 // are cumulative over what the barrier let thread 0 observe) before the end stamp. A host
 // reader takes the end stamp, copies the data, then re-reads the begin stamp: equal stamps
-// mean the copy is whole (a seqlock; x86 keeps the host's loads in order — an aarch64 host
-// such as Grace would need acquire fences in the reader, which it does not have yet).
+// mean the copy is whole (a seqlock: crates/ddtree-cuda/src/readback.rs's RingReader, whose
+// volatile loads sit between acquire fences).
 #pragma once
 #include <cstddef>
 
@@ -41,11 +41,12 @@ struct ReadbackSrc {
 
 // The Rust launcher passes these by value as #[repr(C)] twins (crates/ddtree-cuda/src/
 // readback.rs asserts the same sizes and offsets).
-static_assert(sizeof(ReadbackRing) == 32 && offsetof(ReadbackRing, slot_words) == 16 &&
-                  offsetof(ReadbackRing, nslots) == 24,
+static_assert(sizeof(ReadbackRing) == 32 && offsetof(ReadbackRing, cursor) == 8 &&
+                  offsetof(ReadbackRing, slot_words) == 16 && offsetof(ReadbackRing, nslots) == 24,
               "ReadbackRing layout");
-static_assert(sizeof(ReadbackSrc) == 40 && offsetof(ReadbackSrc, status) == 24 &&
-                  offsetof(ReadbackSrc, path_len) == 36,
+static_assert(sizeof(ReadbackSrc) == 40 && offsetof(ReadbackSrc, bonus) == 8 &&
+                  offsetof(ReadbackSrc, accepted_tokens) == 16 && offsetof(ReadbackSrc, status) == 24 &&
+                  offsetof(ReadbackSrc, bs) == 32 && offsetof(ReadbackSrc, path_len) == 36,
               "ReadbackSrc layout");
 
 // Word i of the slot's payload (header included), read from the acceptance.

@@ -176,8 +176,12 @@ struct SamplingLoad {
   int reseed;  // nonzero: rng = (seed, 0)
   int pad;
 };
-static_assert(sizeof(SamplingLoad) == 64 && offsetof(SamplingLoad, seed) == 32 &&
-                  offsetof(SamplingLoad, bs) == 52 && offsetof(SamplingLoad, reseed) == 56,
+static_assert(sizeof(SamplingLoad) == 64 && offsetof(SamplingLoad, temperature) == 0 &&
+              offsetof(SamplingLoad, top_k) == 8 && offsetof(SamplingLoad, top_p) == 16 &&
+              offsetof(SamplingLoad, rng) == 24 && offsetof(SamplingLoad, seed) == 32 &&
+              offsetof(SamplingLoad, t) == 40 && offsetof(SamplingLoad, k) == 44 &&
+              offsetof(SamplingLoad, p) == 48 && offsetof(SamplingLoad, bs) == 52 &&
+              offsetof(SamplingLoad, reseed) == 56 && offsetof(SamplingLoad, pad) == 60,
               "SamplingLoad layout");
 
 __device__ __forceinline__ void load_sampling(const SamplingLoad& a) {
