@@ -14,7 +14,7 @@ pub struct Torch {
     tensor: Py<PyAny>,
     dtypes: [Py<PyAny>; 3], // float32, float16, bfloat16 (Dtype order)
     int64: Py<PyAny>,
-    pub raw_stream: Py<PyAny>,
+    pub raw_stream: Option<Py<PyAny>>,
 }
 
 impl Torch {
@@ -25,10 +25,13 @@ impl Torch {
             tensor: d("Tensor")?,
             dtypes: [d("float32")?, d("float16")?, d("bfloat16")?],
             int64: d("int64")?,
+            // A private binding, a few times cheaper than `torch.cuda.current_stream`; absent
+            // from some builds (CPU-only torch), where the CUDA engine asks the public API.
             raw_stream: torch
                 .getattr("_C")?
-                .getattr("_cuda_getCurrentRawStream")?
-                .unbind(),
+                .getattr("_cuda_getCurrentRawStream")
+                .ok()
+                .map(Bound::unbind),
         })
     }
 }

@@ -218,13 +218,18 @@ impl CudaEngine {
 }
 
 impl CudaEngine {
+    /// PyTorch's current stream of the engine's device (the capture stream inside a graph).
     fn stream(&self, py: Python<'_>) -> PyResult<u64> {
-        self.checks
-            .torch
-            .raw_stream
-            .bind(py)
-            .call1((self.engine.ordinal,))?
-            .extract()
+        let ordinal = self.engine.ordinal;
+        match &self.checks.torch.raw_stream {
+            Some(raw) => raw.bind(py).call1((ordinal,))?.extract(),
+            None => py
+                .import("torch")?
+                .getattr("cuda")?
+                .call_method1("current_stream", (ordinal,))?
+                .getattr("cuda_stream")?
+                .extract(),
+        }
     }
 
     fn check_target(&self, x: &Bound<'_, PyAny>) -> PyResult<Logits> {
