@@ -60,17 +60,13 @@ def accept_tree(
     return acc
 
 
-def accept_into(
-    tree, target_logits, acc, temperature, top_k, top_p, generator, state=None, vocab=None
-) -> None:
+def accept_into(tree, target_logits, acc, temperature, top_k, top_p, generator) -> None:
     """Checks every argument, then runs the greedy or the sampling walk into ``acc``.
-
-    On CUDA, ``state`` is the caller's ``SamplingState`` (the Stepper's, so that nothing is
-    allocated and the generator's offset carries over); without one, a fresh state seeded
-    from ``generator`` is used. ``vocab`` is the draft's V where the caller knows it."""
-    t = check_target(tree, target_logits, vocab)
+    (The Stepper's accept checks its target in the Rust engine instead, against the draft
+    V of its last step.)"""
+    t = check_target(tree, target_logits)
     if t.device.type == "cuda":
-        cuda_accept_into(tree, t, acc, temperature, top_k, top_p, generator, state)
+        cuda_accept_into(tree, t, acc, temperature, top_k, top_p, generator)
         return
     cpu_accept_into(tree, t, acc, temperature, top_k, top_p, generator)
 
@@ -84,20 +80,19 @@ def cpu_accept_into(tree, t, acc, temperature, top_k, top_p, generator) -> None:
         _cpu.accept_sampled_into(tree, t, acc, params, seed_of(generator))
 
 
-def cuda_accept_into(tree, t, acc, temperature, top_k, top_p, generator, state) -> None:
+def cuda_accept_into(tree, t, acc, temperature, top_k, top_p, generator) -> None:
+    """The GPU walk for checked target logits; sampling uses a fresh state seeded from
+    ``generator``."""
     bs = tree.batch_size
     if _sampling.is_greedy(temperature):
         _cuda.accept_into(tree, t, acc, None)
         return
-    if state is None:
-        state = _sampling.SamplingState(bs, t.device, seed_of(generator))
-    elif generator is not None:
-        state.reseed(seed_of(generator))
+    state = _sampling.SamplingState(bs, t.device, seed_of(generator))
     state.load(bs, temperature, top_k, top_p)
     _cuda.accept_into(tree, t, acc, state)
 
 
-def check_target(tree: Tree, target_logits, vocab: int | None = None) -> torch.Tensor:
+def check_target(tree: Tree, target_logits) -> torch.Tensor:
     t = _validate.logits("target_logits", target_logits)
     want = (tree.batch_size, tree.width)
     if tuple(t.shape[:2]) != want:
@@ -106,23 +101,16 @@ def check_target(tree: Tree, target_logits, vocab: int | None = None) -> torch.T
             f"got {list(t.shape)}"
         )
     _validate.same_device("target_logits", t, tree.device)
-    check_target_vocab(tree, t, vocab)
+    check_target_vocab(tree, t)
     return t
 
 
-def check_target_vocab(tree: Tree, t: torch.Tensor, vocab: int | None) -> None:
-    """The target must score the draft's vocabulary: a smaller one cannot accept the tree's
-    higher tokens, and a larger one can return a bonus the next draft does not know. A Tree
-    does not record V, so without ``vocab`` (the Stepper's last step) only the first case
-    is caught, and only on the CPU: the tree's tokens must lie inside the target's V."""
+def check_target_vocab(tree: Tree, t: torch.Tensor) -> None:
+    """The target must score the draft's vocabulary. A Tree does not record V, so only a
+    target V too small for the tree's tokens is caught, and only on the CPU (on CUDA the
+    check would sync). A Stepper knows its draft's V and checks equality (ddtree-core's
+    round::Planner)."""
     v = t.shape[2]
-    if vocab is not None:
-        if v != vocab:
-            raise ValueError(
-                f"target_logits: vocabulary V = {v} differs from the draft's V = {vocab} "
-                "(the draft_logits of the last step())"
-            )
-        return
     if t.device.type == "cpu":
         top = tree.verify_ids.max().item()
         if top >= v:
