@@ -16,6 +16,12 @@ SEED_MASK = (1 << 63) - 1
 # The value rules, shared with the CPU path's checks of whole tensors (_api.sampling_params).
 TEMPERATURE_RULE = "temperature: must be finite and ≥ 0"
 TOP_P_RULE = "top_p: must be in (0, 1]"
+# Each per-request parameter: name, the kind of a scalar, and the value that turns it off.
+PARAMS = (
+    ("temperature", numbers.Real, 0.0),
+    ("top_k", numbers.Integral, 0),
+    ("top_p", numbers.Real, 1.0),
+)
 
 
 def _check_scalar(name: str, value, kind) -> None:
@@ -51,12 +57,7 @@ class SamplingState:
         self.temperature = torch.zeros(n, dtype=torch.float32, device=device)
         self.top_k = torch.zeros(n, dtype=torch.int32, device=device)
         self.top_p = torch.ones(n, dtype=torch.float32, device=device)
-        self.rng = torch.zeros(2, dtype=torch.int64, device=device)
-        self.reseed(seed)
-
-    def reseed(self, seed: int) -> None:
-        self.rng[0].fill_(int(seed) & SEED_MASK)
-        self.rng[1].fill_(0)
+        self.rng = torch.tensor([int(seed) & SEED_MASK, 0], dtype=torch.int64, device=device)
 
     def load(self, bs: int, temperature, top_k, top_p) -> None:
         """Per-request values: scalars (checked here) or ``[bs]`` tensors on this device
@@ -64,24 +65,11 @@ class SamplingState:
         and top_p ≥ 1 are off; checking them here would sync). All three are checked before
         any is written."""
         self.check(bs, temperature, top_k, top_p)
-        for buf, value, default in (
-            (self.temperature, temperature, 0.0),
-            (self.top_k, top_k, 0),
-            (self.top_p, top_p, 1.0),
-        ):
-            part = buf[:bs]
-            if isinstance(value, torch.Tensor):
-                part.copy_(value)
-            else:
-                part.fill_(default if value is None else value)
+        self.write(bs, temperature, top_k, top_p)
 
     def check(self, bs: int, temperature, top_k, top_p) -> None:
         """Raises for a bad scalar, or a tensor of the wrong shape or device, naming it."""
-        for name, value, kind in (
-            ("temperature", temperature, numbers.Real),
-            ("top_k", top_k, numbers.Integral),
-            ("top_p", top_p, numbers.Real),
-        ):
+        for (name, kind, _), value in zip(PARAMS, (temperature, top_k, top_p), strict=True):
             if isinstance(value, torch.Tensor):
                 if tuple(value.shape) != (bs,):
                     raise ValueError(
@@ -92,15 +80,22 @@ class SamplingState:
             elif value is not None:
                 _check_scalar(name, value, kind)
 
+    def write(self, bs: int, temperature, top_k, top_p) -> None:
+        """Writes values ``check`` accepted: device-side copies and fills."""
+        buffers = (self.temperature, self.top_k, self.top_p)
+        values = (temperature, top_k, top_p)
+        for buf, (_, _, off), value in zip(buffers, PARAMS, values, strict=True):
+            part = buf[:bs]
+            if isinstance(value, torch.Tensor):
+                part.copy_(value)
+            else:
+                part.fill_(off if value is None else value)
+
     @staticmethod
     def scalars(temperature, top_k, top_p) -> tuple[float, int, float]:
         """Checked scalar parameters (None: the default) as the kernel stores them; a top_k
         beyond int32 is off like any k ≥ V."""
-        for name, value, kind in (
-            ("temperature", temperature, numbers.Real),
-            ("top_k", top_k, numbers.Integral),
-            ("top_p", top_p, numbers.Real),
-        ):
+        for (name, kind, _), value in zip(PARAMS, (temperature, top_k, top_p), strict=True):
             if value is not None:
                 _check_scalar(name, value, kind)
         return (

@@ -212,7 +212,7 @@ class Stepper:
             return
         if seed is not None:
             self._engine.load_sampling(None, seed)
-        self._sampling.load(bs, temperature, top_k, top_p)
+        self._sampling.write(bs, temperature, top_k, top_p)  # checked above
         self._engine.accept(target_logits, True, readback)
 
     def _publish(self, acc: Acceptance, readback: bool) -> None:
