@@ -9,6 +9,16 @@ import torch
 KINDS = ("gaussian", "peaked", "quantised", "all_equal", "masked")
 
 
+def raised(fn, errors=(TypeError, ValueError)):
+    """(exception type name, message) of what ``fn()`` raises among ``errors``, or None:
+    for tests that compare two paths' errors word for word."""
+    try:
+        fn()
+    except errors as e:
+        return type(e).__name__, str(e)
+    return None
+
+
 def draft_logits(rng: np.random.Generator, shape, kind: str, dtype=torch.float32) -> torch.Tensor:
     """Random logits of one of the mixes the issue names (ties, zero log-probs, -inf)."""
     bs, depth, vocab = shape

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import raised
 
 import ddtree
 
@@ -51,11 +52,7 @@ def bad_steps(dev):
 
 
 def outcome(fn):
-    try:
-        fn()
-    except (TypeError, ValueError, RuntimeError) as e:
-        return type(e).__name__, str(e)
-    return None
+    return raised(fn, (TypeError, ValueError, RuntimeError))
 
 
 def snapshot(stepper) -> list[torch.Tensor]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import draft_logits
+from conftest import draft_logits, raised
 
 import ddtree
 
@@ -102,14 +102,6 @@ def test_cpu_readback_returns_each_published_round_once(rng):
     assert again["bonus"].tolist() == [3, 3] and again["round"] == 0
 
 
-def _raised(fn):
-    try:
-        fn()
-    except (TypeError, ValueError) as e:
-        return type(e).__name__, str(e)
-    return None
-
-
 @pytest.mark.parametrize(
     "case",
     [
@@ -145,8 +137,8 @@ def test_the_cpu_engine_raises_what_the_functional_build_raises(case):
         "empty vocabulary": (x[:, :, :0], roots, prefix),
         "roots not a tensor": (x, "3 7", prefix),
     }[case]
-    want = _raised(lambda: ddtree.build_tree(*bad, budget=8))
+    want = raised(lambda: ddtree.build_tree(*bad, budget=8))
     assert want is not None
-    assert _raised(lambda: stepper.step(*bad)) == want
+    assert raised(lambda: stepper.step(*bad)) == want
     for name, value in before.items():
         assert torch.equal(getattr(tree, name), value), name
