@@ -105,6 +105,14 @@ impl Checks {
         }
     }
 
+    /// Target logits checked against the last step's tree (`planner`): tensor, dtype,
+    /// device, rank, then the tree's shape and the draft's vocabulary.
+    pub fn target(&self, planner: &Planner, x: &Bound<'_, PyAny>) -> PyResult<Logits> {
+        let t = self.logits(x, "target_logits")?;
+        planner.plan_accept(t.shape).map_err(errors::to_py)?;
+        Ok(t)
+    }
+
     /// How torch names the device: `cpu`, `cuda:0`.
     fn device_name(&self) -> String {
         self.device.map_or("cpu".into(), |d| format!("cuda:{d}"))

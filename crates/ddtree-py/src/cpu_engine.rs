@@ -6,7 +6,6 @@
 use crate::buffers::TreeOut;
 use crate::checks::Checks;
 use crate::engine::round_key;
-use crate::errors;
 use crate::tensor::{slice, TensorArg};
 use ddtree_core::round::{Limits, Planner};
 use ddtree_cuda::{Dtype, Logits};
@@ -89,11 +88,7 @@ impl CpuEngine {
 
     /// Checks target logits against the last step's tree (shape, vocabulary, device).
     fn check_target(&self, target_logits: &Bound<'_, PyAny>) -> PyResult<()> {
-        let t = self.checks.logits(target_logits, "target_logits")?;
-        self.planner
-            .plan_accept(t.shape)
-            .map(|_| ())
-            .map_err(errors::to_py)
+        self.checks.target(&self.planner, target_logits).map(|_| ())
     }
 }
 

@@ -233,10 +233,6 @@ impl CudaEngine {
     }
 
     fn check_target(&self, x: &Bound<'_, PyAny>) -> PyResult<Logits> {
-        let t = self.checks.logits(x, "target_logits")?;
-        self.engine
-            .plan_accept(t.shape)
-            .map_err(errors::cuda_to_py)?;
-        Ok(t)
+        self.checks.target(&self.engine.planner, x)
     }
 }
