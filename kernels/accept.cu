@@ -13,8 +13,7 @@ __device__ void accept_entry(const ddtree::AcceptParams& p) {
   const int b = blockIdx.x / ddtree::kAcceptCluster;
   const int rank = static_cast<int>(cooperative_groups::this_cluster().block_rank());
   const long long row = static_cast<long long>(b) * p.q, path = static_cast<long long>(b) * p.path_len;
-  const ddtree::Sampling& sp = p.sampling;
-  const ddtree::SampleArgs args{sp.temperature, sp.top_k, sp.top_p, sp.rng};
+
   const T* logits = static_cast<const T*>(p.logits);
   ddtree::accept_request<T>(
       logits + b * p.s0, p.s1, p.s2, p.V, p.q, p.path_len, b, rank,
@@ -23,7 +22,7 @@ __device__ void accept_entry(const ddtree::AcceptParams& p) {
       ddtree::AcceptOut{p.out.accepted_nodes + path, p.out.accepted_tokens + path,
                         p.out.accept_index + path, p.out.accept_len + b, p.out.bonus + b,
                         p.out.status + b},
-      sp.temperature != nullptr ? &args : nullptr,
+      p.sampling.temperature != nullptr ? &p.sampling : nullptr,
       p.cache_slice ? reinterpret_cast<T*>(dynamic_smem) : nullptr,
       reinterpret_cast<int*>(dynamic_smem) +
           (p.cache_slice ? ddtree::accept_slice_len(p.V) * sizeof(T) / sizeof(int) : 0),

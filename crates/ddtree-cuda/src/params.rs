@@ -45,6 +45,24 @@ pub struct AcceptParams {
     pub cache_slice: i32,
 }
 
+/// The Stepper's eager sampled accept: scalar parameters for `bs` requests and/or a new
+/// seed, written by the first node of its graph.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SamplingLoad {
+    /// The sampling state written.
+    pub to: Sampling,
+    pub seed: i64,
+    pub t: f32,
+    pub k: i32,
+    pub p: f32,
+    /// Requests to fill; 0 leaves the parameters as they are.
+    pub bs: i32,
+    /// Nonzero: the generator restarts at (seed, 0).
+    pub reseed: i32,
+    pub pad: i32,
+}
+
 /// SPEC stage 5: kept slots, compaction and the hidden gather.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -142,6 +160,12 @@ mod tests {
             assert_eq!(rust, off, "{cpp}");
             assert!(HEADER.contains(cpp), "params.h lacks `{cpp}`");
         }
+    }
+
+    #[test]
+    fn sampling_load_matches_the_header() {
+        layout!(SamplingLoad, size 64, to 0, seed 32, t 40, k 44, p 48, bs 52, reseed 56,
+                pad 60);
     }
 
     #[test]

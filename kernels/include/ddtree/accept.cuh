@@ -94,7 +94,7 @@ __device__ void write_root_only(const Links& links, AcceptOut out, int b, int pa
 template <typename T>
 __device__ void accept_request(const T* logits, long long s1, long long s2, int V, int q,
                                int path_len, int b, int rank, AcceptTree tree, AcceptOut out,
-                               const SampleArgs* sampling, T* cache, int* local_links,
+                               const Sampling* sampling, T* cache, int* local_links,
                                AcceptScratch& s) {
   const float temperature = sampling ? sampling->temperature[b] : 0.0f;
   const int top_k = sampling ? sampling->top_k[b] : 0;

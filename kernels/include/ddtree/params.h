@@ -72,10 +72,10 @@ static_assert(sizeof(AcceptPtrs) == 48 && offsetof(AcceptPtrs, accepted_tokens) 
 // Per-request sampling parameters [bs] and the generator [2] (seed, offset); all null for
 // a greedy batch.
 struct Sampling {
-  const float* temperature;
-  const int* top_k;
-  const float* top_p;
-  long long* rng;
+  float* temperature;  // <= 0: greedy
+  int* top_k;          // <= 0 or >= V: off
+  float* top_p;        // >= 1: off
+  long long* rng;      // advanced after every sampling accept
 };
 static_assert(sizeof(Sampling) == 32 && offsetof(Sampling, top_k) == 8 &&
                   offsetof(Sampling, top_p) == 16 && offsetof(Sampling, rng) == 24,
@@ -122,6 +122,26 @@ static_assert(sizeof(AcceptParams) == 152 && offsetof(AcceptParams, logits) == 0
               offsetof(AcceptParams, path_len) == 144 &&
               offsetof(AcceptParams, cache_slice) == 148,
               "AcceptParams layout");
+
+// The Stepper's eager sampled accept (accept.cu's ddtree_load_sampling, the first node of
+// its graph): scalar parameters written for `bs` requests and/or the generator restarted,
+// in one launch.
+struct SamplingLoad {
+  Sampling to;
+  long long seed;
+  float t;
+  int k;
+  float p;
+  int bs;      // requests to fill; 0: leave the parameters as they are
+  int reseed;  // nonzero: rng = (seed, 0)
+  int pad;
+};
+static_assert(sizeof(SamplingLoad) == 64 && offsetof(SamplingLoad, to) == 0 &&
+              offsetof(SamplingLoad, seed) == 32 && offsetof(SamplingLoad, t) == 40 &&
+              offsetof(SamplingLoad, k) == 44 && offsetof(SamplingLoad, p) == 48 &&
+              offsetof(SamplingLoad, bs) == 52 && offsetof(SamplingLoad, reseed) == 56 &&
+              offsetof(SamplingLoad, pad) == 60,
+              "SamplingLoad layout");
 
 // SPEC stage 5 (commit.cu): the accepted paths, the verify window and each kernel's
 // buffers (kept_slots: kept/release; compact_kv: buffers; gather_hidden: hidden/out).

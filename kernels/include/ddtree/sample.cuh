@@ -6,9 +6,8 @@
 // (top-p), and integer sums keep them deterministic. A sampled level reads its row once
 // into shared memory (when the slice fits) and runs its passes from there.
 #pragma once
-#include <cstddef>
-
 #include "accept_row.cuh"
+#include "params.h"
 
 namespace ddtree {
 
@@ -151,48 +150,16 @@ __device__ Cut select_cut(const Slice<T>& slice, Weight w, Cut within, uint64_t 
   return refine_cut(slice, w, within, c, need, cl);
 }
 
-// Per-request sampling parameters (device arrays [bs]) and the generator state.
-struct SampleArgs {
-  const float* temperature;  // <= 0: greedy
-  const int* top_k;          // <= 0 or >= V: off
-  const float* top_p;        // >= 1: off
-  const long long* rng;      // [2]: seed, offset (advanced after every accept)
-};
-
-// One launch that loads scalar sampling parameters for every request and/or reseeds the
-// generator (the Stepper's eager path: three fills and two seed writes were five launches).
-// Taken by value (`__grid_constant__`); crates/ddtree-cuda/src/engine.rs holds its
-// #[repr(C)] twin and asserts the same size and offsets.
-struct SamplingLoad {
-  float* temperature;  // [bs]
-  int* top_k;          // [bs]
-  float* top_p;        // [bs]
-  long long* rng;      // [2]: seed, offset
-  long long seed;
-  float t;
-  int k;
-  float p;
-  int bs;      // requests to fill; 0: leave the parameters as they are
-  int reseed;  // nonzero: rng = (seed, 0)
-  int pad;
-};
-static_assert(sizeof(SamplingLoad) == 64 && offsetof(SamplingLoad, temperature) == 0 &&
-              offsetof(SamplingLoad, top_k) == 8 && offsetof(SamplingLoad, top_p) == 16 &&
-              offsetof(SamplingLoad, rng) == 24 && offsetof(SamplingLoad, seed) == 32 &&
-              offsetof(SamplingLoad, t) == 40 && offsetof(SamplingLoad, k) == 44 &&
-              offsetof(SamplingLoad, p) == 48 && offsetof(SamplingLoad, bs) == 52 &&
-              offsetof(SamplingLoad, reseed) == 56 && offsetof(SamplingLoad, pad) == 60,
-              "SamplingLoad layout");
-
+// Writes a SamplingLoad (params.h): scalar parameters for every request and/or a new seed.
 __device__ __forceinline__ void load_sampling(const SamplingLoad& a) {
   for (int i = threadIdx.x; i < a.bs; i += blockDim.x) {
-    a.temperature[i] = a.t;
-    a.top_k[i] = a.k;
-    a.top_p[i] = a.p;
+    a.to.temperature[i] = a.t;
+    a.to.top_k[i] = a.k;
+    a.to.top_p[i] = a.p;
   }
   if (a.reseed && threadIdx.x == 0) {
-    a.rng[0] = a.seed;
-    a.rng[1] = 0;
+    a.to.rng[0] = a.seed;
+    a.to.rng[1] = 0;
   }
 }
 
