@@ -63,10 +63,11 @@ class Stepper:
         self._tree: Tree | None = None
         self._round: tuple | None = None  # the engine's (bs, L, K, V) of the last step
         self._acc: Acceptance | None = None
-        self._cuda_round_state(seed)
+        self._round_state(seed)
 
-    def _cuda_round_state(self, seed: int) -> None:
-        """Sampling state, the readback ring, commit outputs (CUDA only)."""
+    def _round_state(self, seed: int) -> None:
+        """The Rust engine of this device and, on CUDA, the sampling state, the readback
+        ring and the commit outputs it launches into."""
         self._sampling = None
         self._ring: ReadbackRing | None = None
         # The CPU path's published acceptance (readback's copy, taken when published), its
@@ -85,7 +86,7 @@ class Stepper:
         q = self.budget + 1
         self._kept = torch.empty(n, path, dtype=torch.int64, device=self.device)
         self._release = torch.empty(n, q, dtype=torch.bool, device=self.device)
-        self._engine = self._new_engine()
+        self._engine = self._new_cuda_engine()
 
     def _limits(self) -> tuple:
         return (self.max_batch, self.budget, self.depth, self.vocab, self.topk)
@@ -101,7 +102,7 @@ class Stepper:
 
         return _core.CpuEngine(self._limits(), self._largest_tree())
 
-    def _new_engine(self):
+    def _new_cuda_engine(self):
         """The Rust round engine: it keeps the static buffers' addresses (read once, here)
         and the last step's shape, so a call passes only its own tensors."""
         from . import _core
