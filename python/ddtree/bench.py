@@ -53,11 +53,16 @@ GEN_CHUNK_ELEMS = 1 << 24
 # ---------------------------------------------------------------------------------------------
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def add_round_shape(p: argparse.ArgumentParser) -> None:
+    """The round shape every single-shape benchmark takes (bench, --loop, --host)."""
     p.add_argument("--bs", type=int, default=64, help="requests in the batch (default 64)")
+    p.add_argument("--budget", type=int, default=255, help="node budget B (default 255)")
     p.add_argument("--depth", type=int, default=15, help="depth limit L (default 15)")
     p.add_argument("--vocab", type=int, default=151936, help="vocabulary V (default 151936)")
-    p.add_argument("--budget", type=int, default=255, help="node budget B (default 255)")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_round_shape(p)
     p.add_argument("--topk", type=int, default=None, help="candidate cap (default: none)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="logits dtype")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic logits")

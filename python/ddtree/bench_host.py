@@ -15,6 +15,7 @@ import time
 
 import torch
 
+from .bench import add_round_shape
 from .stepper import Stepper
 
 
@@ -76,10 +77,7 @@ def measure(bs: int, budget: int, depth: int, vocab: int, calls: int, repeats: i
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--bs", type=int, default=64)
-    p.add_argument("--budget", type=int, default=255)
-    p.add_argument("--depth", type=int, default=15)
-    p.add_argument("--vocab", type=int, default=151936)
+    add_round_shape(p)
     p.add_argument("--calls", type=int, default=200)
     p.add_argument("--repeats", type=int, default=15)
 

@@ -42,6 +42,7 @@ import torch
 
 from . import reference
 from ._api import accept_tree
+from .bench import add_round_shape
 from .bench_gpu import check_limits, graph_time_us, peaked_logits
 from .stepper import Stepper
 
@@ -443,10 +444,7 @@ def parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--bs", type=int, default=64, help="requests in the batch (default 64)")
-    p.add_argument("--budget", type=int, default=255, help="node budget B (default 255)")
-    p.add_argument("--depth", type=int, default=15, help="depth limit L (default 15)")
-    p.add_argument("--vocab", type=int, default=151936, help="vocabulary V (default 151936)")
+    add_round_shape(p)
     p.add_argument(
         "--rounds", type=int, default=200, help="timed rounds of each GPU mode (default 200)"
     )
