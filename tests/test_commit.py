@@ -93,3 +93,33 @@ def test_commit_arguments_are_checked():
         ddtree.compact_kv(acc, window, [torch.zeros(slots, 4), torch.zeros(slots, 8)])
     with pytest.raises(ValueError, match="hidden"):
         ddtree.gather_hidden(acc, torch.zeros(7, 3))
+
+
+def test_the_cpu_stepper_commits_what_the_functional_api_commits():
+    """Stepper.kept_slots / compact_kv / gather_hidden on the CPU follow its last accept."""
+    rng = np.random.default_rng(5)
+    bs, depth, vocab, budget = 4, 5, 30, 20
+    stepper = ddtree.Stepper(bs, budget, depth, vocab, device="cpu")
+    x = torch.from_numpy(rng.standard_normal((bs, depth, vocab)) * 4).float()
+    roots = torch.zeros(bs, dtype=torch.int64)
+    tree = stepper.step(x, roots, roots + 10)
+    target = torch.from_numpy(rng.standard_normal((bs, budget + 1, vocab))).float()
+    for b in range(bs):  # the root's first child is accepted
+        target[b, 0, tree.verify_ids[b, 1]] = 50.0
+    acc = stepper.accept(target)
+    assert (acc.accept_len >= 2).all()
+    slots = bs * (budget + 1) + 5
+    window = torch.from_numpy(rng.permutation(slots)[: bs * (budget + 1)].reshape(bs, -1))
+    for got, want in zip(stepper.kept_slots(window), ddtree.kept_slots(acc, window), strict=True):
+        assert torch.equal(got, want)
+    caches = [torch.randn(slots, 8), torch.randn(slots, 2, 4)]
+    mine = [c.clone() for c in caches]
+    stepper.register_caches(mine)
+    stepper.compact_kv(window)
+    ddtree.compact_kv(acc, window, caches)
+    assert all(torch.equal(a, b) for a, b in zip(mine, caches, strict=True))
+    hidden = torch.randn(bs * (budget + 1), 6)
+    out = torch.empty(bs, depth + 1, 6)
+    assert torch.equal(stepper.gather_hidden(hidden, out), ddtree.gather_hidden(acc, hidden))
+    with pytest.raises(ValueError, match="out_cache_loc"):
+        stepper.kept_slots(window[:, :-1])

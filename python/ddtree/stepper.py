@@ -314,7 +314,7 @@ class Stepper:
         in ``acc.status``; ``readback=True`` then publishes the acceptance (see ``accept``)."""
         acc = self._last_acceptance("kept_slots")
         slots = self._caches.slots if self._caches is not None else None
-        if self._engine is not None:  # checks the window, launches, publishes
+        if self.device.type == "cuda":  # the CUDA engine checks the window, launches, publishes
             self._engine.kept_slots(out_cache_loc, slots, readback)
             return self._kept_view(acc.batch_size, acc.path_len, self._tree.width)
         self._check_window(out_cache_loc)
