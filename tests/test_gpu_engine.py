@@ -208,6 +208,75 @@ def test_scalar_sampling_loaded_by_the_accept_draws_what_accept_tree_draws(param
     assert stepper._sampling.rng.tolist() == [5, 2]
 
 
+TENSOR_PARAMS = {  # each dtype the engine reads, strided views, mixed with scalars
+    "float32 / int64 / float32": (torch.float32, torch.int64, torch.float32),
+    "float64 / int32 / float16": (torch.float64, torch.int32, torch.float16),
+    "bfloat16 / float32 / float64": (torch.bfloat16, torch.float32, torch.float64),
+}
+
+
+@pytest.mark.parametrize("dtypes", TENSOR_PARAMS.values(), ids=TENSOR_PARAMS.keys())
+def test_tensor_sampling_read_by_the_accept_draws_what_accept_tree_draws(dtypes):
+    # Stepper.accept reads [bs] parameter tensors of any float/int dtype in its own graph
+    # (no torch copies); accept_tree copies them into a fresh state: the same draws. The
+    # values are those each dtype holds exactly, so the conversions cannot differ.
+    stepper = steppers()["cuda"]
+    x, roots, prefix = inputs("cuda", seed=6)
+    tree = stepper.step(x, roots, prefix)
+    target = torch.randn(BS, tree.width, V, device="cuda") * 3
+    t_dtype, k_dtype, p_dtype = dtypes
+    t = torch.tensor([0.75, 0.0, 1.5, 1.0] * 2, device="cuda").to(t_dtype)[::2]  # strided
+    k = torch.tensor([3, 0, 40, 10**6], device="cuda").to(k_dtype)  # 10**6 >= V: off
+    p = torch.tensor([0.5, 1.0, 0.875, 0.25], device="cuda").to(p_dtype)
+    for seed in range(4):
+        want = ddtree.accept_tree(tree, target, temperature=t, top_k=k, top_p=p, generator=seed)
+        got = stepper.accept(target, t, k, p, generator=seed)
+        for name in ("accepted_nodes", "accept_len", "bonus"):
+            assert torch.equal(getattr(got, name), getattr(want, name)), (seed, name)
+        mixed = stepper.accept(target, t, 40, p, generator=seed).bonus.clone()
+        k40 = torch.full_like(k, 40)
+        want = ddtree.accept_tree(tree, target, temperature=t, top_k=k40, top_p=p, generator=seed)
+        assert torch.equal(mixed, want.bonus), seed
+    assert stepper._sampling.top_k.tolist()[:BS] == [40] * BS
+
+
+@pytest.mark.parametrize("case", ["short", "on the cpu", "bool"])
+def test_a_bad_sampling_tensor_is_named_before_anything_changes(case):
+    # The engine checks parameter tensors (shape, device, dtype) after the target and
+    # before a seed is drawn from a torch.Generator or anything is written.
+    s = steppers()
+    trees = {dev: s[dev].step(*inputs(dev, seed=8)) for dev in s}
+    target = torch.randn(BS, trees["cuda"].width, V)
+    good = torch.full((BS,), 0.9)
+    bad = {"short": good[:2], "on the cpu": good, "bool": good > 0}[case]
+    cuda = s["cuda"]
+    before = [cuda._sampling.rng.clone(), cuda._sampling.top_p.clone()]
+    gen = torch.Generator().manual_seed(1)
+    state = gen.get_state()
+    args = (target.cuda(), good.cuda(), None, bad if case == "on the cpu" else bad.cuda())
+    got = outcome(lambda: cuda.accept(*args, generator=gen))
+    assert got is not None and "top_p" in got[1], got
+    assert torch.equal(gen.get_state(), state)
+    torch.cuda.synchronize()
+    assert same(before, [cuda._sampling.rng, cuda._sampling.top_p])
+    if case == "short":  # the CPU Stepper's message, word for word
+        assert got == outcome(lambda: s["cpu"].accept(target, good, None, bad))
+
+
+def test_a_top_k_tensor_beyond_int32_is_off():
+    # A copy into int32 would wrap 2**32 + 3 to 3; the engine clamps it, so it is off.
+    stepper = steppers()["cuda"]
+    x, roots, prefix = inputs("cuda", seed=7)
+    tree = stepper.step(x, roots, prefix)
+    target = torch.randn(BS, tree.width, V, device="cuda") * 3
+    t = torch.full((BS,), 2.0, device="cuda")
+    huge = torch.full((BS,), 2**32 + 3, dtype=torch.int64, device="cuda")
+    got = stepper.accept(target, t, huge, generator=3)
+    want = ddtree.accept_tree(tree, target, temperature=t, generator=3)
+    assert torch.equal(got.bonus, want.bonus)
+    assert stepper._sampling.top_k.tolist()[:BS] == [2**31 - 1] * BS
+
+
 def test_eager_steps_replay_one_graph_per_geometry_equal_to_plain_launches():
     # The engine's eager step is one graph launch (built once per launch geometry, its
     # nodes updated when the logits tensor changes); plain launches give the same trees.

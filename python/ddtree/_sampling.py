@@ -91,15 +91,19 @@ class SamplingState:
             else:
                 part.fill_(off if value is None else value)
 
-    @staticmethod
-    def scalars(temperature, top_k, top_p) -> tuple[float, int, float]:
-        """Checked scalar parameters (None: the default) as the kernel stores them; a top_k
-        beyond int32 is off like any k ≥ V."""
-        for (name, kind, _), value in zip(PARAMS, (temperature, top_k, top_p), strict=True):
-            if value is not None:
-                _check_scalar(name, value, kind)
-        return (
-            float(temperature or 0.0),
-            min(int(top_k or 0), 2**31 - 1),
-            1.0 if top_p is None else float(top_p),
-        )
+
+def params_of(temperature, top_k, top_p) -> tuple:
+    """The engine's (temperature, top_k, top_p): each tensor as given (the engine checks
+    its shape, device and dtype), each scalar checked and as the kernel stores it (None:
+    off; a top_k beyond int32 is off like any k ≥ V)."""
+    values = (temperature, top_k, top_p)
+    out = []
+    for (name, kind, off), value in zip(PARAMS, values, strict=True):
+        if isinstance(value, torch.Tensor):
+            out.append(value)
+            continue
+        if value is not None:
+            _check_scalar(name, value, kind)
+        v = off if value is None else value
+        out.append(min(int(v), 2**31 - 1) if name == "top_k" else float(v))
+    return tuple(out)

@@ -191,30 +191,18 @@ class Stepper:
         return acc
 
     def _accept_cuda(self, target_logits, temperature, top_k, top_p, generator, readback):
-        """One engine call: greedy, or sampling with scalar parameters (loaded by the accept
-        itself). Tensor parameters: the target is checked first, then the tensors are
-        copied into the sampling state the kernel reads."""
+        """One engine call: greedy, or sampling whose parameters (numbers checked here, or
+        ``[bs]`` tensors the engine checks) the accept's own graph loads first."""
         if _sampling.is_greedy(temperature):
             self._engine.accept(target_logits, False, readback)
             return
-        bs = self._tree.batch_size
-        tensors = any(isinstance(v, torch.Tensor) for v in (temperature, top_k, top_p))
+        params = _sampling.params_of(temperature, top_k, top_p)
         # Every argument is checked before anything changes: drawing a seed from a
-        # torch.Generator advances it, and loading writes the sampling state.
-        if tensors:
-            self._sampling.check(bs, temperature, top_k, top_p)
-        else:
-            params = _sampling.SamplingState.scalars(temperature, top_k, top_p)
-        if isinstance(generator, torch.Generator) or tensors:
-            self._engine.check_target(target_logits)
+        # torch.Generator advances it.
+        if isinstance(generator, torch.Generator):
+            self._engine.check_target(target_logits, params)
         seed = None if generator is None else _api.seed_of(generator) & _sampling.SEED_MASK
-        if not tensors:  # scalars (or None) and the seed: written by the accept's first kernel
-            self._engine.accept(target_logits, True, readback, params, seed)
-            return
-        if seed is not None:
-            self._engine.load_sampling(None, seed)
-        self._sampling.write(bs, temperature, top_k, top_p)  # checked above
-        self._engine.accept(target_logits, True, readback)
+        self._engine.accept(target_logits, True, readback, params, seed)
 
     def _publish(self, acc: Acceptance, readback: bool) -> None:
         if not readback:

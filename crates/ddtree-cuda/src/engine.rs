@@ -9,7 +9,7 @@ use crate::commit::{kept_slots, CommitPath};
 use crate::device::{enter_device, Device};
 use crate::graph::{is_capturing, run, GraphCache, KernelGraph, Node};
 use crate::launch::BuildShape;
-use crate::params::{AcceptParams, BuildParams, SamplingLoad};
+use crate::params::{AcceptParams, BuildParams, ParamSource, SamplingLoad};
 use crate::readback::{readback, readback_kernel, ReadbackRing, ReadbackSrc};
 use crate::{
     build_kernels, build_params, CudaError, Kernel, Logits, Params, Scratch, TreePtrs, ALL_STAGES,
@@ -230,36 +230,22 @@ impl Engine {
         }
     }
 
-    /// The `SamplingLoad` that writes scalar parameters (temperature, top_k, top_p) for the
-    /// last step's requests and/or (`seed`) restarts the generator.
+    /// The `SamplingLoad` that writes the per-request parameters (temperature, top_k,
+    /// top_p: scalars or the caller's tensors) for the last step's requests and/or
+    /// (`seed`) restarts the generator.
     pub fn sampling_load(
         &self,
-        params: Option<(f32, i32, f32)>,
+        params: Option<[ParamSource; 3]>,
         seed: Option<i64>,
     ) -> Result<SamplingLoad, CudaError> {
         let r = self.round("Stepper.accept")?;
-        let (t, k, p) = params.unwrap_or_default();
         Ok(SamplingLoad {
             to: self.bufs.sampling,
+            from: params.unwrap_or_default(),
             seed: seed.unwrap_or(0),
-            t,
-            k,
-            p,
             bs: if params.is_some() { r.bs as i32 } else { 0 },
             reseed: i32::from(seed.is_some()),
-            pad: 0,
         })
-    }
-
-    /// Runs a `SamplingLoad` alone (one launch; for parameters given as tensors, whose
-    /// copies follow it).
-    ///
-    /// # Safety
-    /// The buffers are alive.
-    pub unsafe fn load_sampling(&self, stream: u64, a: SamplingLoad) -> Result<(), CudaError> {
-        let (dev, _ctx) = enter_device(self.ordinal)?;
-        let k = load_kernel(&dev);
-        k.launch(stream, &mut Params::one(&a))
     }
 
     /// Stores the last acceptance into the readback ring's next slot.

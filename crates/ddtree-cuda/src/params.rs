@@ -45,22 +45,55 @@ pub struct AcceptParams {
     pub cache_slice: i32,
 }
 
-/// The Stepper's eager sampled accept: scalar parameters for `bs` requests and/or a new
-/// seed, written by the first node of its graph.
+/// A per-request parameter's element type in a `ParamSource` (`ParamDtype` in C++).
+#[repr(i32)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ParamDtype {
+    #[default]
+    F32 = 0,
+    F64 = 1,
+    F16 = 2,
+    Bf16 = 3,
+    I32 = 4,
+    I64 = 5,
+}
+
+/// Where a `SamplingLoad` takes one per-request parameter from: `scalar` for every request
+/// (`ptr` 0), or element `i * stride` of a `[bs]` device tensor of `dtype`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ParamSource {
+    pub ptr: u64,
+    pub stride: i64,
+    pub scalar: f64,
+    pub dtype: ParamDtype,
+    pub pad: i32,
+}
+
+impl ParamSource {
+    /// The same value for every request.
+    pub fn scalar(v: f64) -> Self {
+        Self {
+            scalar: v,
+            ..Self::default()
+        }
+    }
+}
+
+/// The Stepper's eager sampled accept: per-request parameters (scalars or the caller's
+/// tensors) for `bs` requests and/or a new seed, written by the first node of its graph.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct SamplingLoad {
     /// The sampling state written.
     pub to: Sampling,
+    /// Temperature, top_k, top_p.
+    pub from: [ParamSource; 3],
     pub seed: i64,
-    pub t: f32,
-    pub k: i32,
-    pub p: f32,
     /// Requests to fill; 0 leaves the parameters as they are.
     pub bs: i32,
     /// Nonzero: the generator restarts at (seed, 0).
     pub reseed: i32,
-    pub pad: i32,
 }
 
 /// SPEC stage 5: kept slots, compaction and the hidden gather.
@@ -164,8 +197,8 @@ mod tests {
 
     #[test]
     fn sampling_load_matches_the_header() {
-        layout!(SamplingLoad, size 64, to 0, seed 32, t 40, k 44, p 48, bs 52, reseed 56,
-                pad 60);
+        layout!(ParamSource, size 32, ptr 0, stride 8, scalar 16, dtype 24, pad 28);
+        layout!(SamplingLoad, size 144, to 0, from 32, seed 128, bs 136, reseed 140);
     }
 
     #[test]

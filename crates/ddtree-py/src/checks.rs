@@ -5,6 +5,7 @@
 
 use crate::errors;
 use ddtree_core::round::{Planner, Round};
+use ddtree_cuda::params::{ParamDtype, ParamSource};
 use ddtree_cuda::{Dtype, Logits};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -14,6 +15,8 @@ pub struct Torch {
     tensor: Py<PyAny>,
     dtypes: [Py<PyAny>; 3], // float32, float16, bfloat16 (Dtype order)
     int64: Py<PyAny>,
+    /// The dtypes a per-request sampling tensor may have, with the kernel's code.
+    param_dtypes: Vec<(Py<PyAny>, ParamDtype)>,
     pub raw_stream: Option<Py<PyAny>>,
 }
 
@@ -25,6 +28,14 @@ impl Torch {
             tensor: d("Tensor")?,
             dtypes: [d("float32")?, d("float16")?, d("bfloat16")?],
             int64: d("int64")?,
+            param_dtypes: vec![
+                (d("float32")?, ParamDtype::F32),
+                (d("float64")?, ParamDtype::F64),
+                (d("float16")?, ParamDtype::F16),
+                (d("bfloat16")?, ParamDtype::Bf16),
+                (d("int32")?, ParamDtype::I32),
+                (d("int64")?, ParamDtype::I64),
+            ],
             // A private binding, a few times cheaper than `torch.cuda.current_stream`; absent
             // from some builds (CPU-only torch), where the CUDA engine asks the public API.
             raw_stream: torch
@@ -202,6 +213,53 @@ impl Checks {
             return Ok((ptr, Some(copy)));
         }
         Ok((m.ptr, None))
+    }
+
+    /// One per-request sampling parameter: a number the Python layer has checked, or a
+    /// `[bs]` tensor on this device of a float or integer dtype (its values are the
+    /// kernel's to judge: checking them here would sync). The Python path's messages.
+    pub fn param_source(
+        &self,
+        x: &Bound<'_, PyAny>,
+        name: &str,
+        bs: usize,
+    ) -> PyResult<ParamSource> {
+        if !x.is_instance(self.torch.tensor.bind(x.py()))? {
+            return Ok(ParamSource::scalar(x.extract()?));
+        }
+        let shape: Vec<usize> = x.getattr("shape")?.extract()?;
+        if shape != [bs] {
+            return Err(PyValueError::new_err(format!(
+                "{name}: must be a scalar or a [{bs}] tensor, got {shape:?}"
+            )));
+        }
+        if !self.on_device(x)? {
+            let on = x.getattr("device")?.str()?;
+            return Err(PyValueError::new_err(format!(
+                "{name}: tensor on {on}, expected {}",
+                self.device_name()
+            )));
+        }
+        let dtype = x.getattr("dtype")?;
+        let py = x.py();
+        let Some(&(_, code)) = self
+            .torch
+            .param_dtypes
+            .iter()
+            .find(|(d, _)| d.bind(py).is(&dtype))
+        else {
+            return Err(PyTypeError::new_err(format!(
+                "{name}: dtype must be a float or integer type (float32/64, float16, \
+                 bfloat16, int32, int64), got {}",
+                dtype.str()?
+            )));
+        };
+        Ok(ParamSource {
+            ptr: x.call_method0("data_ptr")?.extract()?,
+            stride: x.call_method1("stride", (0,))?.extract()?,
+            dtype: code,
+            ..ParamSource::default()
+        })
     }
 
     /// The verify window of the last round: an int64 `[bs, Q]` contiguous tensor on this

@@ -7,6 +7,7 @@ use crate::buffers::{self, AccOut, SamplingOut, TreeOut};
 use crate::checks::Checks;
 use crate::errors;
 use ddtree_cuda::engine::{Buffers, Engine, Limits, Round};
+use ddtree_cuda::params::ParamSource;
 use ddtree_cuda::{Logits, ReadbackRing};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -17,6 +18,10 @@ pub struct CudaEngine {
     engine: Engine,
     checks: Checks,
 }
+
+/// Sampling parameters as the Stepper passes them: (temperature, top_k, top_p), each a
+/// checked number or a `[bs]` tensor.
+type Params<'py> = (Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>);
 
 /// A round as Python holds it: (bs, depth, K, V).
 pub(crate) fn round_key<'py>(py: Python<'py>, r: Round) -> PyResult<Bound<'py, PyTuple>> {
@@ -98,8 +103,10 @@ impl CudaEngine {
 
     /// SPEC stage 4 for the last step's tree: greedy, or (`sampled`) from the per-request
     /// parameters of the Stepper's sampling state — written first, in the same graph, when
-    /// `params` (scalar temperature, top_k, top_p) or `seed` are given; `readback`
-    /// publishes it. Returns the round's (bs, depth, K, V).
+    /// `params` (temperature, top_k, top_p: each a checked number or a `[bs]` tensor, read
+    /// by the device when the graph runs) or `seed` are given; `readback` publishes it.
+    /// Every argument is checked, target first, before anything is launched. Returns the
+    /// round's (bs, depth, K, V).
     #[pyo3(signature = (target_logits, sampled, readback, params=None, seed=None))]
     fn accept<'py>(
         &mut self,
@@ -107,32 +114,38 @@ impl CudaEngine {
         target_logits: &Bound<'py, PyAny>,
         sampled: bool,
         readback: bool,
-        params: Option<(f32, i32, f32)>,
+        params: Option<Params<'py>>,
         seed: Option<i64>,
     ) -> PyResult<Bound<'py, PyTuple>> {
-        let t = self.check_target(target_logits)?;
-        let load = if params.is_some() || seed.is_some() {
+        let (t, sources) = self.check_accept(target_logits, params.as_ref())?;
+        let load = if sources.is_some() || seed.is_some() {
             Some(
                 self.engine
-                    .sampling_load(params, seed)
+                    .sampling_load(sources, seed)
                     .map_err(errors::cuda_to_py)?,
             )
         } else {
             None
         };
         let stream = self.stream(py)?;
-        // SAFETY: checked live device logits of the last tree's shape.
+        // SAFETY: checked live device logits of the last tree's shape, and parameter
+        // tensors on this device (the caller keeps them alive until the stream reads them).
         let r = py
             .detach(|| unsafe { self.engine.accept(stream, t, sampled, readback, load) })
             .map_err(errors::cuda_to_py)?;
         round_key(py, r)
     }
 
-    /// Checks target logits against the last tree without launching (for a sampled accept,
-    /// whose parameters are loaded only once the target is known to be good).
-    #[pyo3(name = "check_target")]
-    fn py_check_target(&self, target_logits: &Bound<'_, PyAny>) -> PyResult<()> {
-        self.check_target(target_logits).map(|_| ())
+    /// Checks target logits against the last tree, and the sampling parameters if given,
+    /// without launching (before a seed is drawn from a torch.Generator, which advances it).
+    #[pyo3(name = "check_target", signature = (target_logits, params=None))]
+    fn py_check_target<'py>(
+        &self,
+        target_logits: &Bound<'py, PyAny>,
+        params: Option<Params<'py>>,
+    ) -> PyResult<()> {
+        self.check_accept(target_logits, params.as_ref())
+            .map(|_| ())
     }
 
     /// Eager steps as one graph launch (the default) or as three plain launches (for the
@@ -159,26 +172,6 @@ impl CudaEngine {
             k,
             budget,
         });
-    }
-
-    /// Restarts the generator at `seed` and/or loads scalar sampling parameters `(temperature,
-    /// top_k, top_p)` for the last step's requests, in one launch (the Stepper's tensor
-    /// path: the tensors' copies follow).
-    #[pyo3(signature = (params, seed=None))]
-    fn load_sampling(
-        &self,
-        py: Python<'_>,
-        params: Option<(f32, i32, f32)>,
-        seed: Option<i64>,
-    ) -> PyResult<()> {
-        let a = self
-            .engine
-            .sampling_load(params, seed)
-            .map_err(errors::cuda_to_py)?;
-        let stream = self.stream(py)?;
-        // SAFETY: the sampling state's buffers are alive (the Stepper owns them).
-        py.detach(|| unsafe { self.engine.load_sampling(stream, a) })
-            .map_err(errors::cuda_to_py)
     }
 
     /// Stores the last acceptance into the readback ring's next slot.
@@ -232,7 +225,25 @@ impl CudaEngine {
         }
     }
 
-    fn check_target(&self, x: &Bound<'_, PyAny>) -> PyResult<Logits> {
-        self.checks.target(&self.engine.planner, x)
+    /// The target, then each sampling parameter (named, in order) for the tree's batch.
+    fn check_accept(
+        &self,
+        x: &Bound<'_, PyAny>,
+        params: Option<&Params<'_>>,
+    ) -> PyResult<(Logits, Option<[ParamSource; 3]>)> {
+        let t = self.checks.target(&self.engine.planner, x)?;
+        let Some((temperature, top_k, top_p)) = params else {
+            return Ok((t, None));
+        };
+        let bs = t.shape[0];
+        let c = &self.checks;
+        Ok((
+            t,
+            Some([
+                c.param_source(temperature, "temperature", bs)?,
+                c.param_source(top_k, "top_k", bs)?,
+                c.param_source(top_p, "top_p", bs)?,
+            ]),
+        ))
     }
 }

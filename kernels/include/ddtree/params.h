@@ -123,24 +123,42 @@ static_assert(sizeof(AcceptParams) == 152 && offsetof(AcceptParams, logits) == 0
               offsetof(AcceptParams, cache_slice) == 148,
               "AcceptParams layout");
 
-// The Stepper's eager sampled accept (accept.cu's ddtree_load_sampling, the first node of
-// its graph): scalar parameters written for `bs` requests and/or the generator restarted,
-// in one launch.
-struct SamplingLoad {
-  Sampling to;
-  long long seed;
-  float t;
-  int k;
-  float p;
-  int bs;      // requests to fill; 0: leave the parameters as they are
-  int reseed;  // nonzero: rng = (seed, 0)
+// Where a SamplingLoad takes one per-request parameter from: a scalar for every request
+// (ptr null), or element i * stride of a [bs] device tensor of dtype `dtype`, converted as
+// torch's copy_ would (top_k clamped to the int32 range, where a copy would wrap).
+enum ParamDtype : int {
+  kParamF32 = 0,
+  kParamF64 = 1,
+  kParamF16 = 2,
+  kParamBf16 = 3,
+  kParamI32 = 4,
+  kParamI64 = 5,
+};
+struct ParamSource {
+  const void* ptr;
+  long long stride;  // elements
+  double scalar;     // the value of every request when ptr is null
+  int dtype;         // ParamDtype
   int pad;
 };
-static_assert(sizeof(SamplingLoad) == 64 && offsetof(SamplingLoad, to) == 0 &&
-              offsetof(SamplingLoad, seed) == 32 && offsetof(SamplingLoad, t) == 40 &&
-              offsetof(SamplingLoad, k) == 44 && offsetof(SamplingLoad, p) == 48 &&
-              offsetof(SamplingLoad, bs) == 52 && offsetof(SamplingLoad, reseed) == 56 &&
-              offsetof(SamplingLoad, pad) == 60,
+static_assert(sizeof(ParamSource) == 32 && offsetof(ParamSource, ptr) == 0 &&
+              offsetof(ParamSource, stride) == 8 && offsetof(ParamSource, scalar) == 16 &&
+              offsetof(ParamSource, dtype) == 24 && offsetof(ParamSource, pad) == 28,
+              "ParamSource layout");
+
+// The Stepper's eager sampled accept (accept.cu's ddtree_load_sampling, the first node of
+// its graph): the per-request parameters (scalars or the caller's tensors) written for `bs`
+// requests and/or the generator restarted, in one launch.
+struct SamplingLoad {
+  Sampling to;
+  ParamSource from[3];  // temperature, top_k, top_p
+  long long seed;
+  int bs;      // requests to fill; 0: leave the parameters as they are
+  int reseed;  // nonzero: rng = (seed, 0)
+};
+static_assert(sizeof(SamplingLoad) == 144 && offsetof(SamplingLoad, to) == 0 &&
+              offsetof(SamplingLoad, from) == 32 && offsetof(SamplingLoad, seed) == 128 &&
+              offsetof(SamplingLoad, bs) == 136 && offsetof(SamplingLoad, reseed) == 140,
               "SamplingLoad layout");
 
 // SPEC stage 5 (commit.cu): the accepted paths, the verify window and each kernel's

@@ -150,12 +150,33 @@ __device__ Cut select_cut(const Slice<T>& slice, Weight w, Cut within, uint64_t 
   return refine_cut(slice, w, within, c, need, cl);
 }
 
-// Writes a SamplingLoad (params.h): scalar parameters for every request and/or a new seed.
+// Parameter i of a ParamSource (params.h), as a double (exact for every source value the
+// conversions below keep: float, half, and ints up to 2^53; larger top_k is off anyway).
+__device__ __forceinline__ double param_at(const ParamSource& f, int i) {
+  if (f.ptr == nullptr) return f.scalar;
+  const long long at = i * f.stride;
+  switch (f.dtype) {
+    case kParamF32: return static_cast<const float*>(f.ptr)[at];
+    case kParamF64: return static_cast<const double*>(f.ptr)[at];
+    case kParamF16: return __half2float(static_cast<const __half*>(f.ptr)[at]);
+    case kParamBf16: return __bfloat162float(static_cast<const __nv_bfloat16*>(f.ptr)[at]);
+    case kParamI32: return static_cast<const int*>(f.ptr)[at];
+    default: return static_cast<double>(static_cast<const long long*>(f.ptr)[at]);
+  }
+}
+
+// top_k as the kernel stores it: truncated like a copy, clamped to int32 (NaN: off).
+__device__ __forceinline__ int top_k_of(double k) {
+  if (!(k == k)) return 0;
+  return k >= 2147483647.0 ? 2147483647 : k <= -2147483648.0 ? -2147483647 - 1 : static_cast<int>(k);
+}
+
+// Writes a SamplingLoad (params.h): each request's parameters and/or a new seed.
 __device__ __forceinline__ void load_sampling(const SamplingLoad& a) {
   for (int i = threadIdx.x; i < a.bs; i += blockDim.x) {
-    a.to.temperature[i] = a.t;
-    a.to.top_k[i] = a.k;
-    a.to.top_p[i] = a.p;
+    a.to.temperature[i] = static_cast<float>(param_at(a.from[0], i));
+    a.to.top_k[i] = top_k_of(param_at(a.from[1], i));
+    a.to.top_p[i] = static_cast<float>(param_at(a.from[2], i));
   }
   if (a.reseed && threadIdx.x == 0) {
     a.to.rng[0] = a.seed;
