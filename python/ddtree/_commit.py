@@ -85,10 +85,10 @@ def kept_slots(acc: Acceptance, out_cache_loc, *, kept=None, release=None, num_s
             *_cuda.launch_on(w.device),
             acc,
             q,
-            w.data_ptr(),
+            w,
             num_slots,
-            kept.data_ptr(),
-            release.data_ptr(),
+            kept,
+            release,
         )
         return kept, release
     codes = _node_codes(nodes, q)
@@ -138,8 +138,7 @@ class CacheTable:
         self.device = device
         self.table = None
         if device.type == "cuda":
-            ptrs = torch.tensor([c.data_ptr() for c in caches], dtype=torch.int64)
-            self.table = ptrs.to(device)
+            self.table = _core.cuda_cache_table(caches, device)
 
 
 def compact_kv(acc: Acceptance, out_cache_loc, caches) -> None:
@@ -157,8 +156,8 @@ def compact_kv(acc: Acceptance, out_cache_loc, caches) -> None:
             *_cuda.launch_on(w.device),
             acc,
             q,
-            w.data_ptr(),
-            table.table.data_ptr(),
+            w,
+            table.table,
             len(table.caches),
             table.row_bytes,
             table.slots,
@@ -206,9 +205,9 @@ def gather_hidden(acc: Acceptance, hidden, *, out=None) -> torch.Tensor:
             *_cuda.launch_on(hidden.device),
             acc,
             q,
-            hidden.data_ptr(),
+            hidden,
             _row_bytes("hidden", hidden),
-            out.data_ptr(),
+            out,
         )
         return out
     rows = hidden.view(bs, q, -1)

@@ -1,6 +1,7 @@
 """Type stubs of the private extension module ``ddtree._core`` (the Rust CPU path).
 
-Every pointer is the ``data_ptr()`` of a live, already-validated tensor; see
+Every tensor argument is a live, already-validated tensor whose address, shape and strides
+Rust reads itself (the package never handles a raw pointer); see
 ``crates/ddtree-py/src/tensor.rs`` for the contract. A ``Tree``, an ``Acceptance`` or a
 ``SamplingState`` is handed over whole: ``crates/ddtree-py/src/buffers.rs`` reads each
 field's ``data_ptr()``.
@@ -21,40 +22,44 @@ STATUS_BAD_TREE_LINK: int
 STATUS_NODE_OUT_OF_RANGE: int
 STATUS_SLOT_OUT_OF_RANGE: int
 
-TensorArg = dict[str, object]  # ptr: int, dtype: str, shape / strides: tuple[int, ...]
-
 def build_tree(
-    draft_logits: TensorArg,
-    root_tokens: int,
-    prefix_lens: int,
+    draft_logits: Tensor,
+    root_tokens: Tensor,
+    prefix_lens: Tensor,
     budget: int,
     topk: int | None,
     out: Tree,
 ) -> int: ...
 def select_emit(
-    eligible: int,
-    root_tokens: int,
-    prefix_lens: int,
+    eligible: Tensor,
+    root_tokens: Tensor,
+    prefix_lens: Tensor,
     shape: list[int],
     budget: int,
     topk: int | None,
     out: Tree,
 ) -> None: ...
-def accept_tokens(posterior_tokens: int, tree: Tree, acc: Acceptance) -> None: ...
-def accept_greedy(target_logits: TensorArg, tree: Tree, acc: Acceptance) -> None: ...
+def accept_tokens(posterior_tokens: Tensor, tree: Tree, acc: Acceptance) -> None: ...
+def accept_greedy(target_logits: Tensor, tree: Tree, acc: Acceptance) -> None: ...
 def accept_sampled(
-    target_logits: TensorArg,
+    target_logits: Tensor,
     tree: Tree,
     acc: Acceptance,
-    temperature: int,
-    top_k: int,
-    top_p: int,
+    temperature: Tensor,
+    top_k: Tensor,
+    top_p: Tensor,
     seed: int,
 ) -> None: ...
 def tree_fields(bs: int, depth: int, k: int, budget: int) -> list[tuple[str, str, list[int]]]: ...
 def acceptance_fields(bs: int, depth: int) -> list[tuple[str, str, list[int]]]: ...
 def sglang_custom_mask(
-    ancestor_bits: int, bs: int, q: int, seq_lens: int, write_prefix: bool, out: int, out_len: int
+    ancestor_bits: Tensor,
+    bs: int,
+    q: int,
+    seq_lens: Tensor,
+    write_prefix: bool,
+    out: Tensor,
+    out_len: int,
 ) -> int: ...
 
 CUDA_MAX_BUDGET: int
@@ -64,9 +69,9 @@ CUDA_MAX_DEPTH: int
 def cuda_build_tree(
     device: int,
     stream: int,
-    draft_logits: TensorArg,
-    root_tokens: int,
-    prefix_lens: int,
+    draft_logits: Tensor,
+    root_tokens: Tensor,
+    prefix_lens: Tensor,
     budget: int,
     k: int,
     out: Tree,
@@ -76,12 +81,12 @@ def cuda_build_tree(
 def cuda_full_mask(
     device: int,
     stream: int,
-    ancestor_bits: int,
-    seq_lens: int,
+    ancestor_bits: Tensor,
+    seq_lens: Tensor,
     bs: int,
     q: int,
     write_prefix: bool,
-    out: int,
+    out: Tensor,
     out_len: int,
 ) -> None: ...
 def cuda_images() -> list[tuple[str, bool, int]]: ...
@@ -89,7 +94,7 @@ def cuda_prepare(device: int) -> None: ...
 def cuda_accept(
     device: int,
     stream: int,
-    target_logits: TensorArg,
+    target_logits: Tensor,
     tree: Tree,
     acc: Acceptance,
     sampling: SamplingState | None = None,
@@ -99,18 +104,18 @@ def cuda_kept_slots(
     stream: int,
     acc: Acceptance,
     q: int,
-    window: int,
+    window: Tensor,
     slots: int | None,
-    kept: int,
-    release: int,
+    kept: Tensor,
+    release: Tensor,
 ) -> None: ...
 def cuda_compact_kv(
     device: int,
     stream: int,
     acc: Acceptance,
     q: int,
-    window: int,
-    buffers: int,
+    window: Tensor,
+    buffers: Tensor,
     count: int,
     row_bytes: int,
     slots: int,
@@ -120,16 +125,19 @@ def cuda_gather_hidden(
     stream: int,
     acc: Acceptance,
     q: int,
-    hidden: int,
+    hidden: Tensor,
     row_bytes: int,
-    out: int,
+    out: Tensor,
 ) -> None: ...
-def cuda_mapped_pointer(device: int, host: int) -> int: ...
+def cuda_maps_host(device: int, host: Tensor) -> bool: ...
+def cuda_cache_table(caches: list[Tensor], device: object) -> Tensor: ...
 def readback_layout(bs: int, path_len: int, max_batch: int) -> dict[str, int]: ...
 def readback_newest(
-    host: int, nslots: int, slot_words: int, after: int, out: int
+    host: Tensor, nslots: int, slot_words: int, after: int, out: Tensor
 ) -> int | None: ...
-def cuda_tree_attention(device: int, stream: int, a: dict[str, object], f16: bool) -> None: ...
+def cuda_tree_attention(
+    device: int, stream: int, a: dict[str, object], f16: bool
+) -> None: ...  # a: tensors (q, k_new, v_new, k_cache, v_cache, out, kv_indptr, ...) and scalars
 def attention_tile(dqk: int) -> tuple[int, int] | None: ...
 
 # (temperature, top_k, top_p): each a checked number or a [bs] float/int tensor.
@@ -146,7 +154,7 @@ class CudaEngine:
         acc: Acceptance,
         scratch: dict[str, Tensor],
         sampling: SamplingState,
-        ring: tuple[int, int, int, int],
+        ring: tuple[Tensor, Tensor, int, int],  # pinned host slots, device cursor, words, slots
         kept_release: tuple[Tensor, Tensor],
     ) -> None: ...
     def step(

@@ -6,7 +6,6 @@ from __future__ import annotations
 import torch
 
 from . import _core
-from ._cpu import tensor_arg
 from ._types import Tree
 
 
@@ -48,9 +47,9 @@ def launch_build(tree: Tree, scratch: dict, draft_logits, root_tokens, prefix_le
     benchmark uses to time one stage at a time)."""
     _core.cuda_build_tree(
         *launch_on(tree.device),
-        tensor_arg(draft_logits),
-        root_tokens.data_ptr(),
-        prefix_lens.data_ptr(),
+        draft_logits,
+        root_tokens,
+        prefix_lens,
         budget,
         k,
         tree,
@@ -63,12 +62,12 @@ def full_mask(ancestor_bits, seq_lens, out, write_prefix: bool) -> None:
     bs, q, _ = ancestor_bits.shape
     _core.cuda_full_mask(
         *launch_on(ancestor_bits.device),
-        ancestor_bits.data_ptr(),
-        seq_lens.data_ptr(),
+        ancestor_bits,
+        seq_lens,
         bs,
         q,
         write_prefix,
-        out.data_ptr(),
+        out,
         out.numel(),
     )
 
@@ -76,7 +75,7 @@ def full_mask(ancestor_bits, seq_lens, out, write_prefix: bool) -> None:
 def accept_into(tree: Tree, target_logits, acc, sampling) -> None:
     """SPEC stage 4 into ``acc`` (one kernel launch, plus the generator's advance when
     sampling); ``sampling`` is a ``SamplingState`` or None (greedy)."""
-    _core.cuda_accept(*launch_on(tree.device), tensor_arg(target_logits), tree, acc, sampling)
+    _core.cuda_accept(*launch_on(tree.device), target_logits, tree, acc, sampling)
 
 
 def images() -> list[tuple[str, bool, int]]:
@@ -84,10 +83,6 @@ def images() -> list[tuple[str, bool, int]]:
     return _core.cuda_images()
 
 
-def mapped_pointer(device: torch.device, pinned: torch.Tensor) -> int | None:
-    """The device address of a pinned host tensor, or None where the driver does not map
-    pinned memory into the device's address space."""
-    try:
-        return _core.cuda_mapped_pointer(device_index(device), pinned.data_ptr())
-    except RuntimeError:
-        return None
+def maps_host(device: torch.device, pinned: torch.Tensor) -> bool:
+    """Whether the driver maps a pinned host tensor into the device's address space."""
+    return _core.cuda_maps_host(device_index(device), pinned)

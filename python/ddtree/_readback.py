@@ -29,16 +29,15 @@ class ReadbackRing:
         self.max_batch = max_batch
         self.slot_words = _core.readback_layout(max_batch, path_len, max_batch)["slot_words"]
         self.host = torch.zeros(nslots, self.slot_words, dtype=torch.int64, pin_memory=True)
-        mapped = _cuda.mapped_pointer(device, self.host)
-        if mapped is None:
+        if not _cuda.maps_host(device, self.host):
             raise RuntimeError(
                 "Stepper: the driver does not map pinned host memory into the device's "
                 "address space, which the readback ring needs"
             )
         self.cursor = torch.zeros(1, dtype=torch.int64, device=device)
-        # What the readback kernel takes (ReadbackRing): mapped slots, cursor, slot words,
-        # slots.
-        self.device_side = (mapped, self.cursor.data_ptr(), self.slot_words, nslots)
+        # What the engine builds the readback kernel's ReadbackRing from: the pinned slots
+        # (mapped there), the cursor, slot words, slots.
+        self.device_side = (self.host, self.cursor, self.slot_words, nslots)
         self.nslots = nslots
         self._slot = torch.zeros(self.slot_words, dtype=torch.int64)  # the reader's copy
         self.returned = 0  # stamp (round + 1) of the newest slot returned; 0: none
@@ -48,9 +47,7 @@ class ReadbackRing:
         """The newest whole slot (not returned before, with ``fresh_only``), or None. The
         seqlock read is Rust's (``RingReader``); this turns the copied slot into tensors."""
         after = self.returned if fresh_only else 0
-        got = _core.readback_newest(
-            self.host.data_ptr(), self.nslots, self.slot_words, after, self._slot.data_ptr()
-        )
+        got = _core.readback_newest(self.host, self.nslots, self.slot_words, after, self._slot)
         if got is None:
             return None
         self.returned = max(self.returned, got)

@@ -1,8 +1,9 @@
-//! The GPU entry points: device pointers from the Python layer, launches on its stream.
+//! The GPU entry points: tensors from the Python layer (their addresses read here),
+//! launches on its stream.
 
-use crate::buffers::{self, TreeOut};
+use crate::buffers::{self, data_ptr, TreeOut};
 use crate::errors;
-use crate::tensor::{LogitsDtype, TensorArg};
+use crate::tensor::{tensor_arg, LogitsDtype, TensorArg};
 use ddtree_cuda::{Dtype, Logits};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -30,9 +31,9 @@ pub fn cuda_build_tree(
     py: Python<'_>,
     device: usize,
     stream: usize,
-    draft_logits: TensorArg,
-    root_tokens: usize,
-    prefix_lens: usize,
+    #[pyo3(from_py_with = tensor_arg)] draft_logits: TensorArg,
+    #[pyo3(from_py_with = data_ptr)] root_tokens: usize,
+    #[pyo3(from_py_with = data_ptr)] prefix_lens: usize,
     budget: usize,
     k: usize,
     out: TreeOut,
@@ -68,12 +69,12 @@ pub fn cuda_full_mask(
     py: Python<'_>,
     device: usize,
     stream: usize,
-    ancestor_bits: usize,
-    seq_lens: usize,
+    #[pyo3(from_py_with = data_ptr)] ancestor_bits: usize,
+    #[pyo3(from_py_with = data_ptr)] seq_lens: usize,
     bs: usize,
     q: usize,
     write_prefix: bool,
-    out: usize,
+    #[pyo3(from_py_with = data_ptr)] out: usize,
     out_len: usize,
 ) -> PyResult<()> {
     // SAFETY: live CUDA tensors of the checked shapes (tensor.rs).

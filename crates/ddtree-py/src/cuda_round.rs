@@ -1,9 +1,9 @@
 //! The GPU entry points of SPEC stages 4–5: accept, kept slots, KV compaction, hidden gather.
 
-use crate::buffers::{AccOut, Links, SamplingOut};
+use crate::buffers::{data_ptr, AccOut, Links, SamplingOut};
 use crate::cuda::logits_of;
 use crate::errors;
-use crate::tensor::TensorArg;
+use crate::tensor::{tensor_arg, TensorArg};
 use ddtree_cuda::SlotLayout;
 use pyo3::prelude::*;
 use std::collections::HashMap;
@@ -15,7 +15,7 @@ pub fn cuda_accept(
     py: Python<'_>,
     device: usize,
     stream: usize,
-    target_logits: TensorArg,
+    #[pyo3(from_py_with = tensor_arg)] target_logits: TensorArg,
     tree: Links,
     acc: AccOut,
     sampling: Option<SamplingOut>,
@@ -39,10 +39,10 @@ pub fn cuda_kept_slots(
     stream: usize,
     acc: AccOut,
     q: usize,
-    window: usize,
+    #[pyo3(from_py_with = data_ptr)] window: usize,
     slots: Option<usize>,
-    kept: usize,
-    release: usize,
+    #[pyo3(from_py_with = data_ptr)] kept: usize,
+    #[pyo3(from_py_with = data_ptr)] release: usize,
 ) -> PyResult<()> {
     let p = acc.path(q);
     // SAFETY: live CUDA tensors of the checked shapes.
@@ -69,8 +69,8 @@ pub fn cuda_compact_kv(
     stream: usize,
     acc: AccOut,
     q: usize,
-    window: usize,
-    buffers: usize,
+    #[pyo3(from_py_with = data_ptr)] window: usize,
+    #[pyo3(from_py_with = data_ptr)] buffers: usize,
     count: usize,
     row_bytes: usize,
     slots: usize,
@@ -101,9 +101,9 @@ pub fn cuda_gather_hidden(
     stream: usize,
     acc: AccOut,
     q: usize,
-    hidden: usize,
+    #[pyo3(from_py_with = data_ptr)] hidden: usize,
     row_bytes: usize,
-    out: usize,
+    #[pyo3(from_py_with = data_ptr)] out: usize,
 ) -> PyResult<()> {
     let p = acc.path(q);
     // SAFETY: live CUDA tensors of the checked shapes.
@@ -120,12 +120,11 @@ pub fn cuda_gather_hidden(
     .map_err(errors::cuda_to_py)
 }
 
-/// The device address of pinned host memory (`host`, a pinned tensor's data pointer).
+/// Whether the driver maps pinned host tensor `host` into device `device`'s address space
+/// (the readback ring needs it).
 #[pyfunction]
-pub fn cuda_mapped_pointer(device: usize, host: usize) -> PyResult<usize> {
-    ddtree_cuda::mapped_host_pointer(device, host as u64)
-        .map(|p| p as usize)
-        .map_err(errors::cuda_to_py)
+pub fn cuda_maps_host(device: usize, #[pyo3(from_py_with = data_ptr)] host: usize) -> bool {
+    ddtree_cuda::mapped_host_pointer(device, host as u64).is_ok()
 }
 
 /// The readback ring's host reader (`RingReader`): copies the newest whole slot with a
@@ -133,11 +132,11 @@ pub fn cuda_mapped_pointer(device: usize, host: usize) -> PyResult<usize> {
 /// ring (`nslots * slot_words` int64), `out` a host buffer of `slot_words` int64.
 #[pyfunction]
 pub fn readback_newest(
-    host: usize,
+    #[pyo3(from_py_with = data_ptr)] host: usize,
     nslots: usize,
     slot_words: usize,
     after: i64,
-    out: usize,
+    #[pyo3(from_py_with = data_ptr)] out: usize,
 ) -> Option<i64> {
     // SAFETY: the Python ring passes its live pinned tensor of nslots * slot_words int64
     // words and a buffer of slot_words.
@@ -170,25 +169,30 @@ pub fn readback_layout(
     ])
 }
 
-/// Every field of the attention kernels' `AttentionParams` (device pointers, strides in
-/// elements, shapes) but the launch geometry, which the launcher fills.
+/// The attention kernels' `AttentionParams` but the launch geometry (which the launcher
+/// fills): the tensors (their addresses and row strides read here), shapes and scalars.
 #[derive(FromPyObject)]
 #[pyo3(from_item_all)]
-pub struct AttentionArg {
-    q: usize,
-    k_new: usize,
-    v_new: usize,
-    k_cache: usize,
-    v_cache: usize,
+pub struct AttentionArg<'py> {
+    q: Bound<'py, PyAny>,
+    k_new: Bound<'py, PyAny>,
+    v_new: Bound<'py, PyAny>,
+    k_cache: Bound<'py, PyAny>,
+    v_cache: Bound<'py, PyAny>,
+    out: Bound<'py, PyAny>,
+    #[pyo3(from_py_with = data_ptr)]
     kv_indptr: usize,
+    #[pyo3(from_py_with = data_ptr)]
     kv_indices: usize,
+    #[pyo3(from_py_with = data_ptr)]
     prefix_lens: usize,
+    #[pyo3(from_py_with = data_ptr)]
     ancestor_bits: usize,
-    out: usize,
-    lse: usize,
+    #[pyo3(from_py_with = data_ptr)]
     part: usize,
+    #[pyo3(from_py_with = data_ptr)]
     status: usize,
-    strides: [i64; 12],
+    lse: Option<Bound<'py, PyAny>>,
     num_indices: i64,
     num_slots: i64,
     sm_scale_log2: f32,
@@ -197,30 +201,51 @@ pub struct AttentionArg {
     splits: i32,
 }
 
+/// A row-major tensor the attention kernels read with 16-byte vector loads: its address
+/// and first two strides (elements), or the `ValueError` naming it.
+fn rows(t: &Bound<'_, PyAny>, name: &str) -> PyResult<(u64, i64, i64)> {
+    let ptr = data_ptr(t)? as u64;
+    let (s0, s1): (i64, i64) = (
+        t.call_method1("stride", (0,))?.extract()?,
+        t.call_method1("stride", (1,))?.extract()?,
+    );
+    if ptr % 16 != 0 || s0 % 8 != 0 || s1 % 8 != 0 {
+        return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "{name}: rows must be 16-byte aligned (strides multiples of 8)"
+        )));
+    }
+    Ok((ptr, s0, s1))
+}
+
 /// Tree verify attention on the GPU: the index check, the attention blocks and the merge.
 #[pyfunction]
 pub fn cuda_tree_attention(
     py: Python<'_>,
     device: usize,
     stream: usize,
-    a: AttentionArg,
+    a: AttentionArg<'_>,
     f16: bool,
 ) -> PyResult<()> {
-    let [q_s0, q_s1, kn_s0, kn_s1, vn_s0, vn_s1, kc_s0, kc_s1, vc_s0, vc_s1, o_s0, o_s1] =
-        a.strides;
+    let (q, q_s0, q_s1) = rows(&a.q, "q")?;
+    let (k_new, kn_s0, kn_s1) = rows(&a.k_new, "k_new")?;
+    let (v_new, vn_s0, vn_s1) = rows(&a.v_new, "v_new")?;
+    let (k_cache, kc_s0, kc_s1) = rows(&a.k_cache, "k_cache")?;
+    let (v_cache, vc_s0, vc_s1) = rows(&a.v_cache, "v_cache")?;
+    let (out, o_s0, o_s1) = rows(&a.out, "out")?;
+    let lse = a.lse.as_ref().map_or(Ok(0), data_ptr)? as u64;
     let [bs, q_nodes, hq, hkv, dqk, dv, page_shift, words] = a.shape;
     let p = ddtree_cuda::attention::AttentionParams {
-        q: a.q as u64,
-        k_new: a.k_new as u64,
-        v_new: a.v_new as u64,
-        k_cache: a.k_cache as u64,
-        v_cache: a.v_cache as u64,
+        q,
+        k_new,
+        v_new,
+        k_cache,
+        v_cache,
         kv_indptr: a.kv_indptr as u64,
         kv_indices: a.kv_indices as u64,
         prefix_lens: a.prefix_lens as u64,
         ancestor_bits: a.ancestor_bits as u64,
-        out: a.out as u64,
-        lse: a.lse as u64,
+        out,
+        lse,
         part: a.part as u64,
         status: a.status as u64,
         q_s0,
@@ -260,4 +285,24 @@ pub fn cuda_tree_attention(
 #[pyfunction]
 pub fn attention_tile(dqk: usize) -> Option<(usize, usize)> {
     ddtree_cuda::attention::Variant::for_head_dim(dqk).map(|(_, v)| (v.rows(), v.dvc))
+}
+
+/// The device table of the caches' base addresses (int64 `[n]` on `device`), which
+/// `cuda_compact_kv` reads; built once per registration.
+#[pyfunction]
+pub fn cuda_cache_table<'py>(
+    py: Python<'py>,
+    caches: Vec<Bound<'py, PyAny>>,
+    device: Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let ptrs = caches
+        .iter()
+        .map(|c| data_ptr(c).map(|p| p as i64))
+        .collect::<PyResult<Vec<i64>>>()?;
+    let torch = py.import("torch")?;
+    let kwargs = pyo3::types::PyDict::new(py);
+    kwargs.set_item("dtype", torch.getattr("int64")?)?;
+    torch
+        .call_method("tensor", (ptrs,), Some(&kwargs))?
+        .call_method1("to", (device,))
 }

@@ -45,7 +45,7 @@ impl CudaEngine {
         acc: AccOut,
         scratch: &Bound<'_, PyDict>,
         sampling: SamplingOut,
-        ring: (u64, u64, i64, i32),
+        ring: (Bound<'_, PyAny>, Bound<'_, PyAny>, i64, i32),
         kept_release: (Bound<'_, PyAny>, Bound<'_, PyAny>),
     ) -> PyResult<Self> {
         let (max_batch, budget, depth, vocab, topk) = limits;
@@ -56,7 +56,11 @@ impl CudaEngine {
             vocab,
             topk,
         };
-        let (slots, cursor, slot_words, nslots) = ring;
+        let (host, cursor, slot_words, nslots) = ring;
+        // The ring's slots as the readback kernel addresses them: mapped pinned memory.
+        let slots = ddtree_cuda::mapped_host_pointer(device, buffers::data_ptr(&host)? as u64)
+            .map_err(errors::cuda_to_py)?;
+        let cursor = buffers::data_ptr(&cursor)? as u64;
         let bufs = Buffers {
             tree: tree.ptrs(),
             scratch: buffers::scratch(scratch)?,

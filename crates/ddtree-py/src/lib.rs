@@ -12,13 +12,13 @@ mod engine;
 mod errors;
 mod tensor;
 
-use buffers::{AccOut, Links, TreeOut};
+use buffers::{data_ptr, AccOut, Links, TreeOut};
 use ddtree_core::batch::{self, Posterior};
 use ddtree_core::logits::{Element, Logits3};
 use ddtree_core::sample::SamplingParams;
 use half::{bf16, f16};
 use pyo3::prelude::*;
-use tensor::{slice, slice_mut, LogitsDtype, TensorArg};
+use tensor::{slice, slice_mut, tensor_arg, LogitsDtype, TensorArg};
 
 /// SPEC stages 2–3 from the stage-1 results already in `out` (`topk_logprobs`, `topk_ids`)
 /// and `eligible` (int32 `[bs * L]`, -1 for a rejected row).
@@ -27,9 +27,9 @@ use tensor::{slice, slice_mut, LogitsDtype, TensorArg};
 #[allow(clippy::too_many_arguments)]
 fn select_emit(
     py: Python<'_>,
-    eligible: usize,
-    root_tokens: usize,
-    prefix_lens: usize,
+    #[pyo3(from_py_with = data_ptr)] eligible: usize,
+    #[pyo3(from_py_with = data_ptr)] root_tokens: usize,
+    #[pyo3(from_py_with = data_ptr)] prefix_lens: usize,
     shape: [usize; 3],
     budget: usize,
     topk: Option<usize>,
@@ -54,7 +54,7 @@ fn select_emit(
 #[pyfunction]
 fn accept_tokens(
     py: Python<'_>,
-    posterior_tokens: usize,
+    #[pyo3(from_py_with = data_ptr)] posterior_tokens: usize,
     tree: Links,
     acc: AccOut,
 ) -> PyResult<()> {
@@ -70,9 +70,9 @@ fn accept_tokens(
 #[pyo3(signature = (draft_logits, root_tokens, prefix_lens, budget, topk, out))]
 fn build_tree(
     py: Python<'_>,
-    draft_logits: TensorArg,
-    root_tokens: usize,
-    prefix_lens: usize,
+    #[pyo3(from_py_with = tensor_arg)] draft_logits: TensorArg,
+    #[pyo3(from_py_with = data_ptr)] root_tokens: usize,
+    #[pyo3(from_py_with = data_ptr)] prefix_lens: usize,
     budget: usize,
     topk: Option<usize>,
     out: TreeOut,
@@ -137,7 +137,7 @@ pub(crate) fn build_as<T: Element>(
 #[pyfunction]
 fn accept_greedy(
     py: Python<'_>,
-    target_logits: TensorArg,
+    #[pyo3(from_py_with = tensor_arg)] target_logits: TensorArg,
     tree: Links,
     acc: AccOut,
 ) -> PyResult<()> {
@@ -168,12 +168,12 @@ fn accept_greedy_as<T: Element>(
 #[allow(clippy::too_many_arguments)]
 fn accept_sampled(
     py: Python<'_>,
-    target_logits: TensorArg,
+    #[pyo3(from_py_with = tensor_arg)] target_logits: TensorArg,
     tree: Links,
     acc: AccOut,
-    temperature: usize,
-    top_k: usize,
-    top_p: usize,
+    #[pyo3(from_py_with = data_ptr)] temperature: usize,
+    #[pyo3(from_py_with = data_ptr)] top_k: usize,
+    #[pyo3(from_py_with = data_ptr)] top_p: usize,
     seed: u64,
 ) -> PyResult<()> {
     // SAFETY: live, checked tensors (tensor.rs).
@@ -224,12 +224,12 @@ fn accept_sampled_as<T: Element>(
 #[allow(clippy::too_many_arguments)]
 fn sglang_custom_mask(
     py: Python<'_>,
-    ancestor_bits: usize,
+    #[pyo3(from_py_with = data_ptr)] ancestor_bits: usize,
     bs: usize,
     q: usize,
-    seq_lens: usize,
+    #[pyo3(from_py_with = data_ptr)] seq_lens: usize,
     write_prefix: bool,
-    out: usize,
+    #[pyo3(from_py_with = data_ptr)] out: usize,
     out_len: usize,
 ) -> PyResult<usize> {
     let words = q.div_ceil(32);
@@ -287,7 +287,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cuda_round::cuda_kept_slots, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_round::cuda_compact_kv, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_round::cuda_gather_hidden, m)?)?;
-    m.add_function(wrap_pyfunction!(cuda_round::cuda_mapped_pointer, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_round::cuda_maps_host, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_round::cuda_cache_table, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_round::readback_layout, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_round::readback_newest, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_round::cuda_tree_attention, m)?)?;

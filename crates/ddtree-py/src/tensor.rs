@@ -1,22 +1,32 @@
-//! Tensors handed over by the Python layer as raw pointers.
+//! Tensors handed over by the Python layer, read here.
 //!
-//! `ddtree._core` is private: its only caller, the `ddtree` package, passes the
-//! `data_ptr()`, dtype, shape and element strides of live CPU tensors that it has already
-//! checked (device, dtype, rank, sizes) and keeps alive for the whole call. That contract is
-//! what makes the `unsafe` slices below sound; the core re-checks every shape it relies on.
+//! `ddtree._core` is private: its only caller, the `ddtree` package, passes live tensors
+//! that it has already checked (device, dtype, rank, sizes) and keeps alive for the whole
+//! call; `_core` reads their `data_ptr()`, dtype, shape and element strides itself (the
+//! Python layer never handles an address). That contract is what makes the `unsafe`
+//! slices below sound; the core re-checks every shape it relies on.
 
 use ddtree_core::logits::{Element, Logits3};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-/// `{"ptr", "dtype", "shape", "strides"}` of a tensor, as `ddtree._cpu.tensor_arg` sends it.
-#[derive(FromPyObject)]
-#[pyo3(from_item_all)]
+/// A strided tensor's address, dtype (`float32`, …), shape and element strides.
 pub struct TensorArg {
     pub ptr: usize,
     pub dtype: String,
     pub shape: Vec<usize>,
     pub strides: Vec<usize>,
+}
+
+/// Reads a tensor argument (`#[pyo3(from_py_with = tensor_arg)]`).
+pub fn tensor_arg(t: &Bound<'_, PyAny>) -> PyResult<TensorArg> {
+    let dtype = t.getattr("dtype")?.str()?.to_string();
+    Ok(TensorArg {
+        ptr: crate::buffers::data_ptr(t)?,
+        dtype: dtype.trim_start_matches("torch.").to_string(),
+        shape: t.getattr("shape")?.extract()?,
+        strides: t.call_method0("stride")?.extract()?,
+    })
 }
 
 /// Element type of a logits tensor.
