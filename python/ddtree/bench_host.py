@@ -44,6 +44,8 @@ def measure(bs: int, budget: int, depth: int, vocab: int, calls: int, repeats: i
     target = torch.randn(bs, tree.width, vocab, device=dev, generator=g).to(torch.bfloat16)
     window = torch.arange(bs * tree.width, device=dev).view(bs, tree.width)
     temps = torch.full((bs,), 0.8, device=dev)
+    ks = torch.full((bs,), 50, dtype=torch.int64, device=dev)
+    ps = torch.full((bs,), 0.9, device=dev)
     a, b, c = (torch.ones(16, device=dev) for _ in range(3))
     cases = [
         ("torch.add(out=) [yardstick]", lambda: torch.add(a, b, out=c)),
@@ -52,7 +54,14 @@ def measure(bs: int, budget: int, depth: int, vocab: int, calls: int, repeats: i
         ("Stepper.accept greedy, no readback", lambda: stepper.accept(target, readback=False)),
         ("Stepper.accept T=0.8 (scalar)", lambda: stepper.accept(target, 0.8, readback=False)),
         ("Stepper.accept T tensor", lambda: stepper.accept(target, temps, readback=False)),
+        (
+            "Stepper.accept T, top_k, top_p tensors",
+            lambda: stepper.accept(target, temps, ks, ps, readback=False),
+        ),  # fmt: skip
         ("Stepper.kept_slots", lambda: stepper.kept_slots(window)),
+        ("Stepper.readback() polled, nothing new", stepper.readback),
+        # The newest slot copied out again; the queue is empty, so the wait is short.
+        ("Stepper.readback(wait=True), GPU idle", lambda: stepper.readback(wait=True)),
     ]
     engine = getattr(stepper, "_engine", None)
     if engine is not None:  # the Rust seam alone: where a Stepper call's time goes
