@@ -1,6 +1,7 @@
 //! An eager build as one CUDA graph: the engine turns a build's three launches into one
 //! `cuGraphLaunch` (on this host a kernel launch costs about as much host time as a small
-//! torch op, 6–9 µs). One instantiated graph per launch geometry (a batch-size bucket);
+//! torch op, 6–9 µs). One instantiated graph per launch geometry (a batch-size bucket;
+//! at most `MAX_GRAPHS`, the least recently used evicted);
 //! a call whose parameters differ from the graph's (another logits tensor, say) updates the
 //! nodes in place first. When the caller's stream is being captured the engine launches
 //! the kernels plainly instead, so they land in the caller's own graph.
@@ -43,45 +44,77 @@ pub enum Action {
     Launch,
 }
 
-/// Instantiated graphs by geometry, each with the parameters its nodes hold.
+/// Graphs an engine keeps per kind (step, accept) before it evicts the least recently
+/// used: a server's batch sizes (one geometry each) can outnumber what is worth keeping
+/// instantiated. An evicted geometry is rebuilt on its next call.
+pub const MAX_GRAPHS: usize = 64;
+
+/// Instantiated graphs by geometry, each with the parameters its nodes hold and when it
+/// was last used (a call counter), at most `cap` of them.
 pub struct GraphCache<P, G> {
-    entries: HashMap<GraphKey, (P, G)>,
+    entries: HashMap<GraphKey, (P, G, u64)>,
+    tick: u64,
+    cap: usize,
 }
 
 impl<P: PartialEq + Copy, G> Default for GraphCache<P, G> {
     fn default() -> Self {
-        Self {
-            entries: HashMap::new(),
-        }
+        Self::with_cap(MAX_GRAPHS)
     }
 }
 
 #[allow(clippy::len_without_is_empty)]
 impl<P: PartialEq + Copy, G> GraphCache<P, G> {
+    pub fn with_cap(cap: usize) -> Self {
+        Self {
+            entries: HashMap::new(),
+            tick: 0,
+            cap: cap.max(1),
+        }
+    }
+
     /// `plain`: the caller's stream is capturing (or the engine's graphs are off).
     pub fn plan(&self, plain: bool, key: &GraphKey, params: &P) -> Action {
         match self.entries.get(key) {
             _ if plain => Action::Plain,
             None => Action::Build,
-            Some((held, _)) if held != params => Action::Update,
+            Some((held, ..)) if held != params => Action::Update,
             Some(_) => Action::Launch,
         }
     }
 
+    /// Holds `graph` for `key`, first evicting the least recently used graph when full.
     pub fn insert(&mut self, key: GraphKey, params: P, graph: G) {
-        self.entries.insert(key, (params, graph));
+        if self.entries.len() >= self.cap && !self.entries.contains_key(&key) {
+            let oldest = self
+                .entries
+                .iter()
+                .min_by_key(|(_, e)| e.2)
+                .map(|(k, _)| k.clone());
+            if let Some(k) = oldest {
+                self.entries.remove(&k);
+            }
+        }
+        self.tick += 1;
+        self.entries.insert(key, (params, graph, self.tick));
     }
 
     pub fn remove(&mut self, key: &GraphKey) {
         self.entries.remove(key);
     }
 
-    /// The graph of `key` and the parameters its nodes hold.
+    /// The graph of `key` and the parameters its nodes hold (a use: it becomes the most
+    /// recently used).
     pub fn get_mut(&mut self, key: &GraphKey) -> Option<(&mut P, &mut G)> {
-        self.entries.get_mut(key).map(|(p, g)| (p, g))
+        self.tick += 1;
+        let tick = self.tick;
+        self.entries.get_mut(key).map(|(p, g, used)| {
+            *used = tick;
+            (p, g)
+        })
     }
 
-    /// Graphs held (one per launch geometry seen).
+    /// Graphs held (one per launch geometry seen, at most the cap).
     pub fn len(&self) -> usize {
         self.entries.len()
     }
@@ -274,5 +307,23 @@ mod tests {
         assert_eq!(c.len(), 2);
         c.remove(&key(8)); // a failed update drops the graph: the next call rebuilds it
         assert_eq!(c.plan(false, &key(8), &2), Action::Build);
+    }
+
+    #[test]
+    fn a_full_cache_evicts_the_least_recently_used_geometry() {
+        let mut c: GraphCache<u64, u32> = GraphCache::with_cap(3);
+        for bs in [1, 2, 3] {
+            c.insert(key(bs), 0, bs);
+        }
+        c.get_mut(&key(1)); // bs 1 used again: bs 2 is now the oldest
+        c.insert(key(4), 0, 4);
+        assert_eq!(c.len(), 3);
+        assert_eq!(c.plan(false, &key(2), &0), Action::Build);
+        for bs in [1, 3, 4] {
+            assert_eq!(c.plan(false, &key(bs), &0), Action::Launch, "bs {bs}");
+        }
+        c.insert(key(4), 1, 4); // replacing a held geometry evicts nothing
+        assert_eq!(c.len(), 3);
+        assert_eq!(c.plan(false, &key(3), &0), Action::Launch);
     }
 }
