@@ -290,6 +290,18 @@ def test_eager_steps_replay_one_graph_per_geometry_equal_to_plain_launches():
     assert graph._engine.graphs == 2 and plain._engine.graphs == 0
 
 
+def test_the_engine_keeps_at_most_64_step_graphs_and_rebuilds_an_evicted_one():
+    stepper = ddtree.Stepper(max_batch=70, budget=7, depth=2, vocab=50, device="cuda")
+    plain = ddtree.Stepper(max_batch=70, budget=7, depth=2, vocab=50, device="cuda")
+    plain._engine.eager_graphs = False
+    for bs in [*range(1, 71), 1, 2]:  # 70 geometries; bs 1 and 2 were evicted first
+        x, roots, prefix = inputs("cuda", bs=bs, depth=2, vocab=50, seed=bs)
+        a, b = stepper.step(x, roots, prefix), plain.step(x, roots, prefix)
+        for name in vars(a):
+            assert torch.equal(getattr(a, name), getattr(b, name)), (bs, name)
+    assert stepper._engine.graphs == 64
+
+
 def test_a_step_inside_the_callers_capture_is_plain_launches():
     stepper = steppers()["cuda"]
     x, roots, prefix = inputs("cuda", dtype=torch.bfloat16, seed=11)
