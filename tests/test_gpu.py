@@ -221,6 +221,42 @@ def test_step_never_syncs_the_host():
         torch.cuda.set_sync_debug_mode("default")
 
 
+def test_a_whole_round_never_syncs_or_allocates():
+    # step, accept (greedy, scalar and tensor sampling parameters, an int seed), kept_slots
+    # and a readback() poll: no torch sync and no allocation once the graphs are built.
+    stepper = ddtree.Stepper(max_batch=8, budget=63, depth=6, vocab=1000, device=DEV)
+    g = torch.Generator(device=DEV).manual_seed(3)
+    x = torch.randn(8, 6, 1000, device=DEV, generator=g)
+    roots = torch.randint(0, 1000, (8,), device=DEV, generator=g)
+    prefix = torch.full((8,), 10, dtype=torch.int64, device=DEV)
+    target = torch.randn(8, 64, 1000, device=DEV, generator=g)
+    window = torch.arange(8 * 64, device=DEV).view(8, 64)
+    temps = torch.full((8,), 0.7, device=DEV)
+    ks = torch.full((8,), 20, dtype=torch.int64, device=DEV)
+
+    def round_(seed):
+        stepper.step(x, roots, prefix)
+        stepper.accept(target)
+        stepper.accept(target, 0.9, 10, 0.8, generator=seed)
+        stepper.accept(target, temps, ks, None, generator=seed, readback=False)
+        stepper.kept_slots(window, readback=True)
+        stepper.readback()
+
+    round_(0)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_stats()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for seed in range(1, 50):
+            round_(seed)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    after = torch.cuda.memory_stats()
+    for key in ("allocation.all.allocated", "allocated_bytes.all.allocated"):
+        assert after[key] == before[key], key
+
+
 def test_step_never_allocates():
     stepper = ddtree.Stepper(max_batch=8, budget=255, depth=15, vocab=151936, device=DEV)
     x, roots, prefix = stepper_inputs()
