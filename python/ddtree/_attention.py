@@ -65,7 +65,7 @@ class AttentionWorkspace:
 
     def __init__(self, device, *, max_batch, q_nodes, hq, hkv, dqk, dv):
         self.device = _validate.concrete_device(torch.device(device))
-        tile = _core.attention_tile(dqk)
+        tile = _core.attention_tile(dqk, dv)
         if tile is None:
             raise ValueError(f"dqk: head dim {dqk} exceeds the CUDA kernel's largest tile")
         self.shape = (q_nodes, hq, hkv, dqk, dv)

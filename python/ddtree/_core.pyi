@@ -138,7 +138,7 @@ def readback_newest(
 def cuda_tree_attention(
     device: int, stream: int, a: dict[str, object], f16: bool
 ) -> None: ...  # a: tensors (q, k_new, v_new, k_cache, v_cache, out, kv_indptr, ...) and scalars
-def attention_tile(dqk: int) -> tuple[int, int] | None: ...
+def attention_tile(dqk: int, dv: int) -> tuple[int, int] | None: ...
 
 # (temperature, top_k, top_p): each a checked number or a [bs] float/int tensor.
 SamplingParams = tuple[float | Tensor, int | Tensor, float | Tensor]

@@ -55,49 +55,86 @@ pub struct AttentionParams {
     pub reserved: i32,
 }
 
-/// One compiled tile shape (`DDTREE_ATTENTION` in attention.cu): query/key head dims up to
-/// `d`, `dvc` value columns per block, `warps` warps of 16 query rows, `kt` keys per tile.
+/// One compiled tile shape (`DDTREE_ATTENTION` in attention.cu, kernel
+/// `ddtree_attention_{dtype}_{name}`): query/key head dims up to `d`, `dvc` value columns
+/// per warp, `warps` warps, `kt` keys per tile, `col_warps` warps side by side over the
+/// value columns (the others over 16 query rows each), `v_in_k`: the values are read from
+/// the K tile (V a view of K's first columns, MLA's absorbed form), `stages` tiles in flight.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Variant {
+    pub name: &'static str,
     pub d: usize,
     pub dvc: usize,
     pub warps: usize,
     pub kt: usize,
+    pub col_warps: usize,
+    pub v_in_k: bool,
+    pub stages: usize,
 }
 
-const fn variant(d: usize, dvc: usize, warps: usize, kt: usize) -> Variant {
-    Variant { d, dvc, warps, kt }
+const fn variant(name: &'static str, d: usize, dvc: usize, warps: usize, kt: usize) -> Variant {
+    Variant {
+        name,
+        d,
+        dvc,
+        warps,
+        kt,
+        col_warps: 1,
+        v_in_k: false,
+        stages: 2,
+    }
 }
 
-/// The compiled variants, smallest head dim first (the order of the device's functions).
-pub const VARIANTS: [Variant; 4] = [
-    variant(64, 64, 4, 64),
-    variant(128, 128, 4, 64),
-    variant(256, 128, 4, 32),
-    variant(576, 256, 2, 16),
+/// The compiled variants, smallest head dim first (the order of the device's functions);
+/// a `v_in_k` variant serves only calls whose V is a view of K.
+pub const VARIANTS: [Variant; 5] = [
+    variant("d64", 64, 64, 4, 64),
+    variant("d128", 128, 128, 8, 32),
+    variant("d256", 256, 128, 4, 32),
+    variant("d576", 576, 256, 2, 16),
+    Variant {
+        col_warps: 2,
+        v_in_k: true,
+        stages: 3,
+        ..variant("d576vk", 576, 256, 4, 16)
+    },
 ];
-/// Shared-row padding, elements (`kAttnPad`), and K/V stages in flight (`kStages`).
+/// Shared-row padding, elements (`kAttnPad`).
 const PAD: usize = 8;
-const STAGES: usize = 2;
 
 impl Variant {
     /// Query rows per block.
     pub fn rows(&self) -> usize {
-        16 * self.warps
+        16 * (self.warps / self.col_warps)
+    }
+    /// Value columns per block.
+    pub fn block_cols(&self) -> usize {
+        self.dvc * self.col_warps
     }
     /// Dynamic shared memory of a block (`AttnTile::kSmem`) for `elem` bytes per element.
     pub fn smem_bytes(&self, elem: usize) -> usize {
         let qs = self.d + PAD;
-        let vs = self.dvc + PAD;
-        elem * (self.rows() * qs + STAGES * self.kt * (qs + vs))
+        let vs = if self.v_in_k {
+            0
+        } else {
+            self.block_cols() + PAD
+        };
+        elem * (self.rows() * qs + self.stages * self.kt * (qs + vs))
     }
-    /// The variant for query/key head dim `dqk`: the smallest that holds it.
-    pub fn for_head_dim(dqk: usize) -> Option<(usize, Variant)> {
-        VARIANTS
-            .iter()
-            .copied()
-            .enumerate()
-            .find(|(_, v)| dqk <= v.d)
+    /// The variant for query/key head dim `dqk`: the smallest that holds it, the one that
+    /// reads V from the K tile when `v_in_k` and one exists for that size.
+    pub fn for_head_dim(dqk: usize, v_in_k: bool) -> Option<(usize, Variant)> {
+        let d = VARIANTS.iter().map(|v| v.d).filter(|&d| dqk <= d).min()?;
+        let of_size = || {
+            VARIANTS
+                .iter()
+                .copied()
+                .enumerate()
+                .filter(move |(_, v)| v.d == d)
+        };
+        of_size()
+            .find(|(_, v)| v.v_in_k && v_in_k)
+            .or_else(|| of_size().find(|(_, v)| !v.v_in_k))
     }
 }
 
@@ -105,12 +142,13 @@ impl Variant {
 /// key splits (a pure function of the shapes, so graph replays keep their geometry).
 pub fn geometry(v: &Variant, q_nodes: usize, group: usize, dv: usize) -> (usize, usize) {
     let rows = q_nodes * group;
-    (rows.div_ceil(v.rows()), dv.div_ceil(v.dvc))
+    (rows.div_ceil(v.rows()), dv.div_ceil(v.block_cols()))
 }
 
 /// Launches the check, the attention blocks and (with `p.splits` > 1) the merge on
-/// `stream`. `f16` selects the fp16 kernels (else bf16). The caller fills every field but
-/// `row_tiles` and `dv_chunks`, set here.
+/// `stream`. `f16` selects the fp16 kernels (else bf16); `v_in_k` says V is a view of K's
+/// first `dv` columns (same addresses and strides), which lets an MLA call read the values
+/// from its K tiles. The caller fills every field but `row_tiles` and `dv_chunks`, set here.
 ///
 /// # Safety
 /// Every pointer in `p` addresses live device memory of the shapes it states (`part` holds
@@ -120,9 +158,10 @@ pub unsafe fn tree_attention(
     stream: u64,
     mut p: AttentionParams,
     f16: bool,
+    v_in_k: bool,
 ) -> Result<(), CudaError> {
     let dqk = p.dqk as usize;
-    let Some((index, v)) = Variant::for_head_dim(dqk) else {
+    let Some((index, v)) = Variant::for_head_dim(dqk, v_in_k && p.dv <= p.dqk) else {
         return Err(CudaError::arg(format!(
             "q: head dim {dqk} exceeds the largest compiled tile ({})",
             VARIANTS[VARIANTS.len() - 1].d
@@ -200,14 +239,16 @@ mod tests {
         assert_eq!(std::mem::offset_of!(AttentionParams, splits), 256);
         let header = include_str!("../../../kernels/include/ddtree/attention.cuh");
         assert!(header.contains(&format!("kAttnPad = {PAD};")));
-        assert!(header.contains(&format!("kStages = {STAGES};")));
         let entry = include_str!("../../../kernels/attention.cu");
         for v in VARIANTS {
-            let line = format!(
-                "d{}, __nv_bfloat16, {}, {}, {}, {})",
-                v.d, v.d, v.dvc, v.warps, v.kt
-            );
-            assert!(entry.contains(&line), "attention.cu lacks {line}");
+            for t in ["bf16, __nv_bfloat16", "f16, __half"] {
+                let (dtype, ty) = t.split_once(", ").unwrap();
+                let line = format!(
+                    "(ddtree_attention_{dtype}_{}, {ty}, {}, {}, {}, {}, {}, {}, {})",
+                    v.name, v.d, v.dvc, v.warps, v.kt, v.col_warps, v.v_in_k, v.stages
+                );
+                assert!(entry.contains(&line), "attention.cu lacks {line}");
+            }
         }
     }
 
@@ -220,16 +261,18 @@ mod tests {
                 v.smem_bytes(2)
             );
         }
-        assert_eq!(Variant::for_head_dim(576).unwrap().1.d, 576);
-        assert_eq!(Variant::for_head_dim(96).unwrap().1.d, 128);
-        assert!(Variant::for_head_dim(1024).is_none());
+        assert_eq!(Variant::for_head_dim(576, false).unwrap().1.name, "d576");
+        assert_eq!(Variant::for_head_dim(576, true).unwrap().1.name, "d576vk");
+        assert_eq!(Variant::for_head_dim(96, true).unwrap().1.name, "d128");
+        assert!(Variant::for_head_dim(1024, false).is_none());
     }
 
     #[test]
     fn geometry_covers_every_row_and_value_column() {
         let mla = VARIANTS[3];
         assert_eq!(geometry(&mla, 256, 8, 512), (64, 2));
-        assert_eq!(geometry(&VARIANTS[1], 64, 4, 128), (4, 1));
+        assert_eq!(geometry(&VARIANTS[4], 256, 8, 512), (64, 1));
+        assert_eq!(geometry(&VARIANTS[1], 64, 4, 128), (2, 1));
         assert_eq!(geometry(&VARIANTS[0], 16, 3, 64), (1, 1));
     }
 }

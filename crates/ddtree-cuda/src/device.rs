@@ -155,7 +155,7 @@ impl Device {
         let mut attention_fns = Vec::new();
         for dtype in ["bf16", "f16"] {
             for v in crate::attention::VARIANTS {
-                let a = f(attention, &format!("ddtree_attention_{dtype}_d{}", v.d))?;
+                let a = f(attention, &format!("ddtree_attention_{dtype}_{}", v.name))?;
                 allow_dynamic_smem(a, v.smem_bytes(2))?;
                 attention_fns.push(a);
             }

@@ -276,15 +276,24 @@ pub fn cuda_tree_attention(
         ..Default::default()
     };
     // SAFETY: the Python layer checked every tensor's shape, dtype, device and strides.
-    py.detach(|| unsafe { ddtree_cuda::attention::tree_attention(device, stream as u64, p, f16) })
-        .map_err(errors::cuda_to_py)
+    // V a view of K (MLA's absorbed form): the kernel may read the values from its K tiles.
+    let v_in_k = v_cache == k_cache
+        && (vc_s0, vc_s1) == (kc_s0, kc_s1)
+        && v_new == k_new
+        && (vn_s0, vn_s1) == (kn_s0, kn_s1);
+    py.detach(|| unsafe {
+        ddtree_cuda::attention::tree_attention(device, stream as u64, p, f16, v_in_k)
+    })
+    .map_err(errors::cuda_to_py)
 }
 
-/// Query rows per block and value columns per block of the tile for head dim `dqk`, or
-/// None when no compiled tile holds it.
+/// Query rows per block and value columns per block of the tile for head dim `dqk` and
+/// value dim `dv` (when `dv <= dqk`, the tile of a V that is a view of K, MLA's usual form),
+/// or None when no compiled tile holds it.
 #[pyfunction]
-pub fn attention_tile(dqk: usize) -> Option<(usize, usize)> {
-    ddtree_cuda::attention::Variant::for_head_dim(dqk).map(|(_, v)| (v.rows(), v.dvc))
+pub fn attention_tile(dqk: usize, dv: usize) -> Option<(usize, usize)> {
+    ddtree_cuda::attention::Variant::for_head_dim(dqk, dv <= dqk)
+        .map(|(_, v)| (v.rows(), v.block_cols()))
 }
 
 /// The device table of the caches' base addresses (int64 `[n]` on `device`), which

@@ -121,15 +121,23 @@ __device__ __forceinline__ long long prefix_slot(const AttentionParams& p, long 
   return (page << p.page_shift) | (t & ((1ll << p.page_shift) - 1));
 }
 
-template <typename T, int D, int DVC, int kWarps, int KT>
+// A block's tile: kWarps warps, CW of them side by side over the value columns (each DVC
+// wide) and kWarps / CW over the query rows (16 each); KT keys per K/V tile, ST tiles in
+// flight. With VK the values are the first dv columns of the keys (MLA's absorbed form, V a
+// view of K): the K tile serves both products and no V tile is loaded.
+template <typename T, int D, int DVC, int kWarps, int KT, int CW = 1, bool VK = false,
+          int ST = 2>
 struct AttnTile {
-  static constexpr int BM = 16 * kWarps;
-  static constexpr int QS = D + kAttnPad;    // shared row stride of Q and K, elements
-  static constexpr int VS = DVC + kAttnPad;  // of V
+  static constexpr int RW = kWarps / CW;       // warps over the rows
+  static constexpr int BM = 16 * RW;           // query rows per block
+  static constexpr int DVB = DVC * CW;         // value columns per block
+  static constexpr int QS = D + kAttnPad;      // shared row stride of Q and K, elements
+  static constexpr int VS = VK ? QS : DVB + kAttnPad;  // of V (the K tile itself with VK)
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kStages = 2;  // K/V tiles in flight: the next loads while this computes
+  static constexpr int kStages = ST;  // K/V tiles in flight: the next loads while this computes
   static constexpr size_t kSmem =
-      sizeof(T) * (static_cast<size_t>(BM) * QS + kStages * KT * (QS + VS));
+      sizeof(T) * (static_cast<size_t>(BM) * QS + kStages * KT * (QS + (VK ? 0 : VS)));
+  static_assert(kWarps % CW == 0, "CW must divide the warps");
 };
 
 // 16 bytes global -> shared without a register round trip; zero-filled when !valid.
@@ -171,46 +179,52 @@ __device__ __forceinline__ void load_row(T* dst, const T* src, int n, int width,
 }
 
 // One block: rows [row0, row0 + BM) of (request b, KV head g), value columns
-// [col0, col0 + DVC), keys [k_begin, k_end) of the request's P + Q, in tiles of KT keys
-// double-buffered through cp.async (tile t + 1 loads while tile t computes).
-template <typename T, int D, int DVC, int kWarps, int KT>
+// [col0, col0 + DVB), keys [k_begin, k_end) of the request's P + Q, in tiles of KT keys
+// pipelined through cp.async (the next ST - 1 tiles load while one computes). Warp w takes
+// rows 16 * (w % RW) .. + 16 and value columns DVC * (w / RW) .. + DVC of the block; the
+// CW warps of a row group each compute its scores (the same S: duplicated work, but the K
+// tile is loaded once for all of the block's value columns).
+template <typename T, int D, int DVC, int kWarps, int KT, int CW = 1, bool VK = false,
+          int ST = 2>
 __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
-  using Tile = AttnTile<T, D, DVC, kWarps, KT>;
+  using Tile = AttnTile<T, D, DVC, kWarps, KT, CW, VK, ST>;
   using Mma = MmaType<T>;
-  constexpr int BM = Tile::BM, QS = Tile::QS, VS = Tile::VS, NT = KT / 8;
+  constexpr int BM = Tile::BM, QS = Tile::QS, VS = Tile::VS, NT = KT / 8, DVB = Tile::DVB;
   constexpr int VT = DVC / 8;  // value column tiles of a warp
-  constexpr int KC = D / 8, VC = DVC / 8;  // 16-byte chunks of a K row and of a V row
+  constexpr int KC = D / 8, VC = VK ? 0 : DVB / 8;  // 16-byte chunks of a K row, a V row
+  constexpr int VCd = VC > 0 ? VC : 1;              // (a divisor when VC is 0)
   T* qs = reinterpret_cast<T*>(smem);
-  T* kbuf = qs + BM * QS;               // [kStages][KT][QS]
-  T* vbuf = kbuf + Tile::kStages * KT * QS;  // [kStages][KT][VS]
+  T* kbuf = qs + BM * QS;                    // [kStages][KT][QS]
+  T* vbuf = kbuf + Tile::kStages * KT * QS;  // [kStages][KT][VS] (unused with VK)
 
   const int z = blockIdx.z, b = z / p.hkv, g = z % p.hkv;
   if (p.status[b] != kStatusOk) return;
   const int group = p.hq / p.hkv, m_rows = p.q_nodes * group;
-  const int rt = blockIdx.x / p.dv_chunks, col0 = (blockIdx.x % p.dv_chunks) * DVC;
+  const int rt = blockIdx.x / p.dv_chunks, col0 = (blockIdx.x % p.dv_chunks) * DVB;
   const int row0 = rt * BM;
   const long long prefix = p.prefix_lens[b], total = prefix + p.q_nodes;
   const long long per = (total + p.splits - 1) / p.splits;
   const long long k_begin = blockIdx.y * per, k_end = min(total, k_begin + per);
   const long long start = attn_indptr(p, b);
-  const int dv_here = min(DVC, p.dv - col0);
+  const int dv_here = min(DVB, p.dv - col0);
   const T* q = static_cast<const T*>(p.q);
   const T* k_new = static_cast<const T*>(p.k_new);
   const T* v_new = static_cast<const T*>(p.v_new);
   const T* k_cache = static_cast<const T*>(p.k_cache);
   const T* v_cache = static_cast<const T*>(p.v_cache);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int rw = warp % Tile::RW, wcol = (warp / Tile::RW) * DVC;  // rows, columns of the warp
   const int gr = lane >> 2, gc = lane & 3;  // fragment row group and column pair
 
   // Issues the loads of the tile at key kt into stage `st`: thread i takes 16-byte chunks
-  // i, i + threads, ... of the tile's K rows, then of its V rows.
+  // i, i + threads, ... of the tile's K rows, then of its V rows (none with VK).
   auto issue = [&](long long kt, int st) {
     T* ks = kbuf + st * KT * QS;
     T* vs = vbuf + st * KT * VS;
     for (int i = threadIdx.x; i < KT * (KC + VC); i += Tile::kThreads) {
       const bool is_k = i < KT * KC;
       const int j = is_k ? i : i - KT * KC;
-      const int key = is_k ? j / KC : j / VC, c = (is_k ? j % KC : j % VC) * 8;
+      const int key = is_k ? j / KC : j / VCd, c = (is_k ? j % KC : j % VCd) * 8;
       const long long t = kt + key;
       const T* src = is_k ? k_new : v_new;
       bool valid = t < k_end && (is_k ? c < p.dqk : c < dv_here);
@@ -228,7 +242,15 @@ __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
     cp_async_commit();
   };
 
-  if (k_begin < k_end) issue(k_begin, 0);
+  // The first ST - 1 tiles go in flight (an empty commit group keeps the count uniform).
+#pragma unroll
+  for (int i = 0; i < ST - 1; ++i) {
+    const long long kt = k_begin + static_cast<long long>(i) * KT;
+    if (kt < k_end)
+      issue(kt, i);
+    else
+      cp_async_commit();
+  }
   // The block's query rows: (node, head) pairs, zero rows past M.
   for (int r = warp; r < BM; r += kWarps) {
     const int row = row0 + r;
@@ -240,7 +262,7 @@ __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
     load_row(qs + r * QS, src, p.dqk, D, lane, 32);
   }
   // This thread's two rows of the warp's 16 and their tree nodes (for the ancestor bits).
-  const int wr0 = warp * 16 + gr;
+  const int wr0 = rw * 16 + gr;
   const int rows_of[2] = {row0 + wr0, row0 + wr0 + 8};
   const int* bits_of[2];
   for (int h = 0; h < 2; ++h) {
@@ -249,23 +271,28 @@ __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
   }
   // ldmatrix row addresses: lane l serves row l % 8 of matrix l / 8.
   const int mi = lane >> 3, mr = lane & 7;
-  const T* qa = qs + (warp * 16 + mr + (mi & 1) * 8) * QS + (mi >> 1) * 8;
+  const T* qa = qs + (rw * 16 + mr + (mi & 1) * 8) * QS + (mi >> 1) * 8;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   float acc[VT][4];
 #pragma unroll
   for (int t = 0; t < VT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
 
   int st = 0;
-  for (long long kt = k_begin; kt < k_end; kt += KT, st ^= 1) {
-    if (kt + KT < k_end) {
-      issue(kt + KT, st ^ 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
+  for (long long kt = k_begin; kt < k_end; kt += KT, st = st + 1 == ST ? 0 : st + 1) {
+    cp_async_wait<ST - 2>();  // this tile's group has landed (later ones may be in flight)
+    __syncthreads();  // ...for every thread (and, the first time, the query rows too)
+    // Refill the stage computed last iteration (every warp has passed the barrier above,
+    // so it is free) with the tile ST - 1 ahead; an empty group past the end.
+    {
+      const long long ahead = kt + static_cast<long long>(ST - 1) * KT;
+      const int fill = st == 0 ? ST - 1 : st - 1;
+      if (ahead < k_end)
+        issue(ahead, fill);
+      else
+        cp_async_commit();
     }
-    __syncthreads();  // this tile (and, the first time, the query rows) has landed
     const T* ks = kbuf + st * KT * QS;
-    const T* vs = vbuf + st * KT * VS;
+    const T* vs = VK ? ks + col0 + wcol : vbuf + st * KT * VS + wcol;
 
     // S = Q K^T for the warp's 16 rows and the tile's KT keys.
     float s[NT][4];
@@ -358,7 +385,6 @@ __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
         Mma::mma(acc[t + 1], a, bf + 2);
       }
     }
-    __syncthreads();  // every warp is done with this stage before it is refilled
   }
 
   // The row sums over the 4 lanes that share a row, then the results.
@@ -367,6 +393,9 @@ __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
     l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
     l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
   }
+  // Unrolled (h indexes acc) with guards, not a break or continue: a loop with a runtime
+  // exit would index acc dynamically and move it to local memory.
+#pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = rows_of[h];
     if (row >= m_rows) continue;
@@ -375,25 +404,29 @@ __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
     if (p.splits == 1) {
       T* o = static_cast<T*>(p.out) + qrow * p.o_s0 + head * p.o_s1 + col0;
       const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
+#pragma unroll
       for (int t = 0; t < VT; ++t) {
-        const int c = t * 8 + gc * 2;
-        if (c >= dv_here) break;
-        o[c] = from_f32<T>(acc[t][2 * h] * inv);
-        o[c + 1] = from_f32<T>(acc[t][2 * h + 1] * inv);
+        const int c = wcol + t * 8 + gc * 2;
+        if (c < dv_here) {
+          o[c] = from_f32<T>(acc[t][2 * h] * inv);
+          o[c + 1] = from_f32<T>(acc[t][2 * h + 1] * inv);
+        }
       }
-      if (p.lse != nullptr && col0 == 0 && gc == 0)
+      if (p.lse != nullptr && col0 == 0 && wcol == 0 && gc == 0)
         p.lse[qrow * p.hq + head] = (m[h] + log2f(l[h])) * 0.69314718055994531f;
     } else {
       const long long at =
           ((static_cast<long long>(blockIdx.y) * p.bs * p.hkv + z) * m_rows + row) * (p.dv + 2);
       float* part = p.part + at;
+#pragma unroll
       for (int t = 0; t < VT; ++t) {
-        const int c = t * 8 + gc * 2;
-        if (c >= dv_here) break;
-        part[col0 + c] = acc[t][2 * h];
-        part[col0 + c + 1] = acc[t][2 * h + 1];
+        const int c = wcol + t * 8 + gc * 2;
+        if (c < dv_here) {
+          part[col0 + c] = acc[t][2 * h];
+          part[col0 + c + 1] = acc[t][2 * h + 1];
+        }
       }
-      if (col0 == 0 && gc == 0) {
+      if (col0 == 0 && wcol == 0 && gc == 0) {
         part[p.dv] = m[h];
         part[p.dv + 1] = l[h];
       }
