@@ -119,7 +119,13 @@ impl Variant {
         } else {
             self.block_cols() + PAD
         };
-        elem * (self.rows() * qs + self.stages * self.kt * (qs + vs))
+        // fp32 partial scores the two column warps of a row group exchange (`kSums`).
+        let sums = if self.col_warps == 2 {
+            self.warps * 32 * self.kt / 2
+        } else {
+            0
+        };
+        elem * (self.rows() * qs + self.stages * self.kt * (qs + vs)) + 4 * sums
     }
     /// The variant for query/key head dim `dqk`: the smallest that holds it, the one that
     /// reads V from the K tile when `v_in_k` and one exists for that size.

@@ -135,9 +135,13 @@ struct AttnTile {
   static constexpr int VS = VK ? QS : DVB + kAttnPad;  // of V (the K tile itself with VK)
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kStages = ST;  // K/V tiles in flight: the next loads while this computes
+  // fp32 partial scores a warp posts for its partner when CW == 2 (KT / 8 * 4 per lane).
+  static constexpr size_t kSums = CW == 2 ? static_cast<size_t>(kWarps) * 32 * KT / 2 : 0;
   static constexpr size_t kSmem =
-      sizeof(T) * (static_cast<size_t>(BM) * QS + kStages * KT * (QS + (VK ? 0 : VS)));
-  static_assert(kWarps % CW == 0, "CW must divide the warps");
+      sizeof(T) * (static_cast<size_t>(BM) * QS + kStages * KT * (QS + (VK ? 0 : VS))) +
+      sizeof(float) * kSums;
+  static_assert(kWarps % CW == 0 && CW <= 2, "CW must divide the warps (1 or 2)");
+  static_assert(CW == 1 || RW == 2, "a pair's named barriers are ids 1 and 2");
 };
 
 // 16 bytes global -> shared without a register round trip; zero-filled when !valid.
@@ -196,6 +200,7 @@ __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
   T* qs = reinterpret_cast<T*>(smem);
   T* kbuf = qs + BM * QS;                    // [kStages][KT][QS]
   T* vbuf = kbuf + Tile::kStages * KT * QS;  // [kStages][KT][VS] (unused with VK)
+  float* sums = reinterpret_cast<float*>(vbuf + (VK ? 0 : Tile::kStages * KT * VS));  // CW 2
 
   const int z = blockIdx.z, b = z / p.hkv, g = z % p.hkv;
   if (p.status[b] != kStatusOk) return;
@@ -294,13 +299,16 @@ __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
     const T* ks = kbuf + st * KT * QS;
     const T* vs = VK ? ks + col0 + wcol : vbuf + st * KT * VS + wcol;
 
-    // S = Q K^T for the warp's 16 rows and the tile's KT keys.
+    // S = Q K^T for the warp's 16 rows and the tile's KT keys. The CW warps of a row group
+    // each take D / CW of the head dim, then add up their partial scores through shared
+    // memory (fp32 addition commutes, so every warp of the group holds the same S).
     float s[NT][4];
 #pragma unroll
     for (int n = 0; n < NT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
     const T* kb = ks + (mr + (mi >> 1) * 8) * QS + (mi & 1) * 8;
+    const int k_first = (warp / Tile::RW) * (D / CW);
 #pragma unroll 2
-    for (int kk = 0; kk < D; kk += 16) {
+    for (int kk = k_first; kk < k_first + D / CW; kk += 16) {
       uint32_t a[4];
       ldmatrix_x4(a, qa + kk);
 #pragma unroll
@@ -310,6 +318,25 @@ __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
         Mma::mma(s[n], a, bf);
         Mma::mma(s[n + 1], a, bf + 2);
       }
+    }
+    if constexpr (CW == 2) {
+      // Each warp posts its partial in its slot (the block's barrier at the top of the next
+      // tile keeps a slot from being rewritten before its partner has read it), then the
+      // pair meets at a named barrier of its 64 threads and adds the partner's.
+      float* mine = sums + (warp * 32 + lane) * NT * 4;
+      const float* theirs = sums + ((warp + Tile::RW) % kWarps * 32 + lane) * NT * 4;
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) mine[n * 4 + e] = s[n][e];
+      if (rw == 0)  // immediate barrier ids (a register id would reserve all 16)
+        asm volatile("bar.sync 1, 64;\n" ::: "memory");
+      else
+        asm volatile("bar.sync 2, 64;\n" ::: "memory");
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[n][e] += theirs[n * 4 + e];
     }
     // Scale to base 2, mask (past the split, or a tree node that is no ancestor), and the
     // online softmax update of this thread's two rows.
