@@ -186,8 +186,8 @@ __device__ __forceinline__ void load_row(T* dst, const T* src, int n, int width,
 // [col0, col0 + DVB), keys [k_begin, k_end) of the request's P + Q, in tiles of KT keys
 // pipelined through cp.async (the next ST - 1 tiles load while one computes). Warp w takes
 // rows 16 * (w % RW) .. + 16 and value columns DVC * (w / RW) .. + DVC of the block; the
-// CW warps of a row group each compute its scores (the same S: duplicated work, but the K
-// tile is loaded once for all of the block's value columns).
+// CW warps of a row group share its scores (each computes D / CW of the head dim), so one
+// K tile serves all of the block's value columns.
 template <typename T, int D, int DVC, int kWarps, int KT, int CW = 1, bool VK = false,
           int ST = 2>
 __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
