@@ -427,3 +427,25 @@ def on_acc(acc, device):
     return ddtree.Acceptance(
         **{n: getattr(acc, n).clone().to(device) for n in acc.__dataclass_fields__}
     )
+
+
+def test_a_sampled_accept_tree_captured_in_the_callers_graph_replays_its_draws():
+    # The functional accept_tree makes a fresh sampling state per call; inside a capture
+    # that state is written on the device (no host copy, which a capture refuses), so each
+    # replay restarts at the captured seed and draws what an eager call with it draws.
+    rng = np.random.default_rng(9)
+    tree, _, _, _ = random_round(rng, device=DEV)
+    tree = on(tree, DEV)
+    target = torch.randn(tree.batch_size, tree.width, 40, device=DEV) * 2
+    temps = torch.full((tree.batch_size,), 1.5, device=DEV)
+    acc = ddtree.accept_tree(tree, target, temperature=temps, top_k=10, generator=5)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        acc = ddtree.accept_tree(tree, target, temperature=temps, top_k=10, generator=5)
+    graph.replay()
+    first = acc.accepted_tokens.clone()
+    graph.replay()
+    assert torch.equal(first, acc.accepted_tokens)
+    eager = ddtree.accept_tree(tree, target, temperature=temps, top_k=10, generator=5)
+    assert torch.equal(first, eager.accepted_tokens)

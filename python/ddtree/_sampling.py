@@ -57,7 +57,10 @@ class SamplingState:
         self.temperature = torch.zeros(n, dtype=torch.float32, device=device)
         self.top_k = torch.zeros(n, dtype=torch.int32, device=device)
         self.top_p = torch.ones(n, dtype=torch.float32, device=device)
-        self.rng = torch.tensor([int(seed) & SEED_MASK, 0], dtype=torch.int64, device=device)
+        # Device-side fills, not a host tensor copied over: a functional accept_tree makes
+        # its state inside the caller's graph capture, where a host-to-device copy fails.
+        self.rng = torch.zeros(2, dtype=torch.int64, device=device)
+        self.rng[0].fill_(int(seed) & SEED_MASK)
 
     def load(self, bs: int, temperature, top_k, top_p) -> None:
         """Per-request values: scalars (checked here) or ``[bs]`` tensors on this device
