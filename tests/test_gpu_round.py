@@ -434,7 +434,7 @@ def test_a_sampled_accept_tree_captured_in_the_callers_graph_replays_its_draws()
     # that state is written on the device (no host copy, which a capture refuses), so each
     # replay restarts at the captured seed and draws what an eager call with it draws.
     rng = np.random.default_rng(9)
-    tree, _, _, _ = random_round(rng, device=DEV)
+    tree, _, _, _ = random_round(rng)
     tree = on(tree, DEV)
     target = torch.randn(tree.batch_size, tree.width, 40, device=DEV) * 2
     temps = torch.full((tree.batch_size,), 1.5, device=DEV)
