@@ -392,16 +392,12 @@ __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
       pa[n][0] = Mma::pack(e[0], e[1]);
       pa[n][1] = Mma::pack(e[2], e[3]);
     }
-    // The running maximum settles early in a long prefix: a warp none of whose rows' maxima
-    // moved skips the rescale (4 * VT multiplies by exactly 1 per thread: the same result).
-    if (__any_sync(0xffffffffu, scale[0] != 1.0f || scale[1] != 1.0f)) {
 #pragma unroll
-      for (int t = 0; t < VT; ++t) {
-        acc[t][0] *= scale[0];
-        acc[t][1] *= scale[0];
-        acc[t][2] *= scale[1];
-        acc[t][3] *= scale[1];
-      }
+    for (int t = 0; t < VT; ++t) {
+      acc[t][0] *= scale[0];
+      acc[t][1] *= scale[0];
+      acc[t][2] *= scale[1];
+      acc[t][3] *= scale[1];
     }
     // O += P V: keys are the k dimension, 16 per step; V fragments by transposing loads.
     const T* vb = vs + (mr + (mi & 1) * 8) * VS + (mi >> 1) * 8;
