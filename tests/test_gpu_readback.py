@@ -128,8 +128,9 @@ def test_fresh_rounds_without_a_sync_while_the_host_runs_ahead(mode):
     assert seen == sorted(set(seen)) and seen[-1] == r.calls - 1
     # How many polls find a new round depends on the host's speed against the GPU's (a
     # poll finds nothing when the previous one already took the newest finished round):
-    # 880-1000 measured on the H200. Most polls, not all, is the claim.
-    assert fresh >= 800, fresh
+    # 786-1000 measured on the H200 (a slower host poll round lowers it). Most polls, not
+    # all, is the claim.
+    assert fresh > 500, fresh
 
 
 def test_no_torn_slot_while_the_gpu_writes_and_the_host_reads():
