@@ -167,16 +167,75 @@ def bad_windows(dev, q):
     }
 
 
+@pytest.mark.parametrize("call", ["kept_slots", "compact_kv"])
 @pytest.mark.parametrize("case", list(bad_windows("cpu", BUDGET + 1)))
-def test_a_bad_window_raises_what_the_cpu_stepper_raises(case):
+def test_a_bad_window_raises_what_the_cpu_stepper_raises(case, call):
     s = steppers()
     for dev, stepper in s.items():
         tree = stepper.step(*inputs(dev, seed=4))
         stepper.accept(torch.randn(BS, tree.width, V).to(dev))
-    got = {dev: outcome(lambda dev=dev: s[dev].kept_slots(bad_windows(dev, BUDGET + 1)[case]))
-           for dev in s}  # fmt: skip
+        stepper.register_caches([torch.zeros(BS * tree.width, 8, device=dev)])
+    got = {
+        dev: outcome(lambda dev=dev: getattr(s[dev], call)(bad_windows(dev, BUDGET + 1)[case]))
+        for dev in s
+    }
     assert got["cuda"] is not None
     assert got["cuda"] == got["cpu"]
+
+
+def bad_gathers(dev, q, path):
+    hidden = torch.randn(BS * q, 6, device=dev)
+    out = torch.empty(BS, path, 6, device=dev)
+    return {
+        "hidden not a tensor": (hidden.tolist(), out),
+        "1-D hidden": (hidden.view(-1), out),
+        "rows not a multiple of bs": (hidden[:-1], out),
+        "strided hidden": (torch.randn(BS * q, 12, device=dev)[:, ::2], out),
+        "out of another dtype": (hidden, out.double()),
+        "out of another shape": (hidden, out[:, :-1]),
+        "strided out": (hidden, torch.empty(BS, path, 12, device=dev)[..., ::2]),
+    }
+
+
+@pytest.mark.parametrize("case", list(bad_gathers("cpu", BUDGET + 1, DEPTH + 1)))
+def test_a_bad_gather_raises_what_the_functional_gather_raises_and_writes_nothing(case):
+    # The engine's checks against the Python ones of ddtree.gather_hidden on the same
+    # device (their messages name the device, so a CPU Stepper's differ in that word).
+    stepper = steppers()["cuda"]
+    tree = stepper.step(*inputs("cuda", seed=5))
+    acc = stepper.accept(torch.randn(BS, tree.width, V, device="cuda"))
+    hidden, out = bad_gathers("cuda", BUDGET + 1, DEPTH + 1)[case]
+    before = out.clone()
+    got = outcome(lambda: stepper.gather_hidden(hidden, out))
+    torch.cuda.synchronize()
+    assert torch.equal(out, before)
+    assert got is not None
+    assert got == outcome(lambda: ddtree.gather_hidden(acc, hidden, out=out))
+
+
+def test_the_engine_gathers_and_compacts_what_the_functional_api_does():
+    stepper = steppers()["cuda"]
+    tree = stepper.step(*inputs("cuda", seed=6))
+    target = torch.randn(BS, tree.width, V, device="cuda")
+    for b in range(BS):  # accept the root's first child at least
+        target[b, 0, tree.verify_ids[b, 1]] = 50.0
+    acc = stepper.accept(target)
+    q, path = tree.width, acc.path_len
+    hidden = torch.randn(BS * q, 3, 4, device="cuda").to(torch.bfloat16)
+    out = torch.full((BS, path, 3, 4), 7.0, device="cuda").to(torch.bfloat16)
+    got = stepper.gather_hidden(hidden, out).clone()
+    assert torch.equal(got, ddtree.gather_hidden(acc, hidden))
+    slots = BS * q + 9
+    window = torch.randperm(slots, device="cuda")[: BS * q].view(BS, q)
+    caches = [torch.randn(slots, 16, device="cuda") for _ in range(2)]
+    mine = [c.clone() for c in caches]
+    stepper.register_caches(mine)
+    stepper.compact_kv(window, readback=True)
+    ddtree.compact_kv(acc, window, caches)
+    assert all(torch.equal(a, b) for a, b in zip(mine, caches, strict=True))
+    host = stepper.readback(wait=True)
+    assert torch.equal(host["accept_len"], acc.accept_len.cpu())
+    assert (acc.accept_len >= 2).all()
 
 
 @pytest.mark.parametrize(

@@ -333,6 +333,9 @@ class Stepper:
         contiguous and of one size): their device address table is built once, here."""
         self._check_open()
         self._caches = _commit.CacheTable(caches, self.device)
+        if self.device.type == "cuda":
+            t = self._caches
+            self._engine.register_caches(t.table, len(t.caches), t.row_bytes, t.slots)
 
     def compact_kv(self, out_cache_loc, *, readback=False) -> None:
         """Moves, in every registered cache, each request's accepted rows to the first
@@ -342,6 +345,9 @@ class Stepper:
         acc = self._last_acceptance("compact_kv")
         if self._caches is None:
             raise RuntimeError("Stepper.compact_kv: call register_caches() first")
+        if self.device.type == "cuda":  # the CUDA engine checks the window, launches, publishes
+            self._engine.compact_kv(out_cache_loc, readback)
+            return
         self._check_window(out_cache_loc)
         _commit.compact_kv(acc, out_cache_loc, self._caches)
         self._publish(acc, readback)
@@ -350,6 +356,9 @@ class Stepper:
         """The accepted nodes' hidden rows ``[bs*Q, H]`` → ``out`` ``[bs, L+1, H]`` in path
         order (zeros past each path); ``accept_len`` counts the real rows."""
         acc = self._last_acceptance("gather_hidden")
+        if self.device.type == "cuda" and out is not None:  # the engine checks and launches
+            self._engine.gather_hidden(hidden, out, readback)
+            return out
         result = _commit.gather_hidden(acc, hidden, out=out)
         self._publish(acc, readback)
         return result

@@ -5,7 +5,7 @@
 //! (`plan_step`, `plan_accept`) are plain arithmetic, tested without one.
 
 use crate::accept::{accept_launches, AcceptPtrs, Sampling, WalkTree};
-use crate::commit::{kept_slots, CommitPath};
+use crate::commit::{compact_kv, gather_hidden, kept_slots, CommitPath};
 use crate::device::{enter_device, Device};
 use crate::graph::{is_capturing, run, GraphCache, KernelGraph, Node};
 use crate::launch::BuildShape;
@@ -39,6 +39,16 @@ fn load_kernel(dev: &Device) -> Kernel {
         block: LOAD_SAMPLING_THREADS,
         smem: 0,
     }
+}
+
+/// The KV caches `compact_kv` moves rows in, registered once: the device table of their
+/// base addresses, how many, their row size and the rows every one of them holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheTable {
+    pub table: u64,
+    pub count: usize,
+    pub row_bytes: usize,
+    pub slots: usize,
 }
 
 /// Device addresses of the Stepper's static buffers. Each field's region is sized for the
@@ -269,23 +279,81 @@ impl Engine {
         num_slots: Option<usize>,
     ) -> Result<Round, CudaError> {
         let r = self.acceptance("Stepper.kept_slots")?;
-        let path = CommitPath {
+        let (kept, release) = (self.bufs.kept, self.bufs.release);
+        kept_slots(
+            self.ordinal,
+            stream,
+            self.path(r),
+            window,
+            num_slots,
+            kept,
+            release,
+        )?;
+        Ok(r)
+    }
+
+    /// SPEC stage 5's KV compaction for the last acceptance: in every registered cache, each
+    /// request's accepted rows move to the start of its verify window `[bs, Q]` (int64).
+    ///
+    /// # Safety
+    /// `window` addresses a live int64 `[bs, Q]` device tensor; `caches.table` a live device
+    /// table of `caches.count` cache base addresses, each cache `caches.slots` rows of
+    /// `caches.row_bytes`.
+    pub unsafe fn compact_kv(
+        &self,
+        stream: u64,
+        window: u64,
+        caches: CacheTable,
+    ) -> Result<Round, CudaError> {
+        let r = self.acceptance("Stepper.compact_kv")?;
+        let CacheTable {
+            table,
+            count,
+            row_bytes,
+            slots,
+        } = caches;
+        compact_kv(
+            self.ordinal,
+            stream,
+            self.path(r),
+            window,
+            table,
+            count,
+            row_bytes,
+            slots,
+        )?;
+        Ok(r)
+    }
+
+    /// SPEC stage 5's hidden gather for the last acceptance: rows `b*q + node` of `hidden`
+    /// (`q` rows of `row_bytes` per request; a node outside `[0, q)` is that request's
+    /// status code) in path order into `out` `[bs, L+1, row]`, zeros past each path.
+    ///
+    /// # Safety
+    /// `hidden` addresses a live `[bs*q, row]` device tensor, `out` a `[bs, L+1, row]` one.
+    pub unsafe fn gather_hidden(
+        &self,
+        stream: u64,
+        hidden: u64,
+        q: usize,
+        row_bytes: usize,
+        out: u64,
+    ) -> Result<Round, CudaError> {
+        let r = self.acceptance("Stepper.gather_hidden")?;
+        let path = CommitPath { q, ..self.path(r) };
+        gather_hidden(self.ordinal, stream, path, hidden, row_bytes, out)?;
+        Ok(r)
+    }
+
+    /// The accepted paths of round `r` as the commit kernels read them.
+    fn path(&self, r: Round) -> CommitPath {
+        CommitPath {
             bs: r.bs,
             q: r.q(),
             path_len: r.path_len(),
             accepted_nodes: self.bufs.acc.accepted_nodes,
             status: self.bufs.acc.status,
-        };
-        kept_slots(
-            self.ordinal,
-            stream,
-            path,
-            window,
-            num_slots,
-            self.bufs.kept,
-            self.bufs.release,
-        )?;
-        Ok(r)
+        }
     }
 
     /// The last accept's round, or "`what`: call accept() first".

@@ -262,6 +262,65 @@ impl Checks {
         })
     }
 
+    /// `hidden` for a hidden gather of `bs` requests: a contiguous tensor `[bs*Q, H, ...]` on
+    /// this device; returns its address, Q and the bytes of a row (the CPU path's checks,
+    /// in its order and words).
+    pub fn hidden(&self, x: &Bound<'_, PyAny>, bs: usize) -> PyResult<(u64, usize, usize)> {
+        let name = "hidden";
+        self.tensor(x, name)?;
+        let shape: Vec<usize> = x.getattr("shape")?.extract()?;
+        if shape.len() < 2 {
+            return Err(PyValueError::new_err(format!(
+                "{name}: must be a tensor [bs*Q, H, ...]"
+            )));
+        }
+        if shape[0] % bs != 0 || !self.on_device(x)? {
+            let on = x.getattr("device")?.str()?;
+            return Err(PyValueError::new_err(format!(
+                "{name}: must be [bs*Q, ...] on {} with bs={bs}, got {shape:?} on {on}",
+                self.device_name()
+            )));
+        }
+        if !x.call_method0("is_contiguous")?.extract::<bool>()? {
+            return Err(PyValueError::new_err(format!("{name}: must be contiguous")));
+        }
+        let elem: usize = x.call_method0("element_size")?.extract()?;
+        let row = shape[1..].iter().product::<usize>() * elem;
+        Ok((x.call_method0("data_ptr")?.extract()?, shape[0] / bs, row))
+    }
+
+    /// `out` of a hidden gather: a contiguous tensor of `hidden`'s dtype, shaped
+    /// `[bs, L+1, H, ...]`, on this device; its address.
+    pub fn gather_out(
+        &self,
+        out: &Bound<'_, PyAny>,
+        hidden: &Bound<'_, PyAny>,
+        bs: usize,
+        path_len: usize,
+    ) -> PyResult<u64> {
+        let hshape: Vec<usize> = hidden.getattr("shape")?.extract()?;
+        let want: Vec<usize> = [bs, path_len]
+            .into_iter()
+            .chain(hshape[1..].iter().copied())
+            .collect();
+        let dtype = hidden.getattr("dtype")?;
+        let fits = out.is_instance(self.torch.tensor.bind(out.py()))?
+            && out.getattr("dtype")?.is(&dtype)
+            && out.getattr("shape")?.extract::<Vec<usize>>()? == want
+            && self.on_device(out)?;
+        if !fits {
+            return Err(PyValueError::new_err(format!(
+                "out: must be {} {want:?} on {}",
+                dtype.str()?,
+                self.device_name()
+            )));
+        }
+        if !out.call_method0("is_contiguous")?.extract::<bool>()? {
+            return Err(PyValueError::new_err("out: must be contiguous"));
+        }
+        out.call_method0("data_ptr")?.extract()
+    }
+
     /// The verify window of the last round: an int64 `[bs, Q]` contiguous tensor on this
     /// device (the CPU path's messages, in its order).
     pub fn window(&self, w: &Bound<'_, PyAny>, r: Round) -> PyResult<u64> {

@@ -6,7 +6,7 @@
 use crate::buffers::{self, AccOut, SamplingOut, TreeOut};
 use crate::checks::Checks;
 use crate::errors;
-use ddtree_cuda::engine::{Buffers, Engine, Limits, Round};
+use ddtree_cuda::engine::{Buffers, CacheTable, Engine, Limits, Round};
 use ddtree_cuda::params::ParamSource;
 use ddtree_cuda::{Logits, ReadbackRing};
 use pyo3::exceptions::PyValueError;
@@ -17,6 +17,9 @@ use pyo3::types::{PyDict, PyTuple};
 pub struct CudaEngine {
     engine: Engine,
     checks: Checks,
+    /// The registered caches (`register_caches`) and the tensor holding their address table,
+    /// kept alive here.
+    caches: Option<(CacheTable, Py<PyAny>)>,
 }
 
 /// Sampling parameters as the Stepper passes them: (temperature, top_k, top_p), each a
@@ -78,6 +81,7 @@ impl CudaEngine {
         Ok(Self {
             engine: Engine::new(device, limits, bufs),
             checks: Checks::new(py, Some(device))?,
+            caches: None,
         })
     }
 
@@ -196,10 +200,7 @@ impl CudaEngine {
         num_slots: Option<usize>,
         readback: bool,
     ) -> PyResult<()> {
-        let r = self
-            .engine
-            .accepted()
-            .ok_or_else(|| PyValueError::new_err("Stepper.kept_slots: call accept() first"))?;
+        let r = self.accepted("kept_slots")?;
         let window = self.checks.window(out_cache_loc, r)?;
         let stream = self.stream(py)?;
         // SAFETY: `window` is a checked live int64 [bs, Q] tensor; the buffers are alive.
@@ -212,9 +213,89 @@ impl CudaEngine {
         })
         .map_err(errors::cuda_to_py)
     }
+
+    /// The caches `compact_kv` moves rows in (checked by the Stepper's `CacheTable`): the
+    /// int64 device tensor of their base addresses, how many, their row bytes and the rows
+    /// every one holds.
+    fn register_caches(
+        &mut self,
+        table: Bound<'_, PyAny>,
+        count: usize,
+        row_bytes: usize,
+        slots: usize,
+    ) -> PyResult<()> {
+        let t = CacheTable {
+            table: buffers::data_ptr(&table)? as u64,
+            count,
+            row_bytes,
+            slots,
+        };
+        self.caches = Some((t, table.unbind()));
+        Ok(())
+    }
+
+    /// KV compaction for the last acceptance in the registered caches, from the verify
+    /// window `out_cache_loc` (int64 `[bs, Q]`, checked here); `readback` then publishes.
+    fn compact_kv(
+        &self,
+        py: Python<'_>,
+        out_cache_loc: &Bound<'_, PyAny>,
+        readback: bool,
+    ) -> PyResult<()> {
+        let r = self.accepted("compact_kv")?;
+        let Some((caches, _)) = self.caches else {
+            return Err(pyo3::exceptions::PyRuntimeError::new_err(
+                "Stepper.compact_kv: call register_caches() first",
+            ));
+        };
+        let window = self.checks.window(out_cache_loc, r)?;
+        let stream = self.stream(py)?;
+        // SAFETY: a checked live int64 [bs, Q] window; the cache table and the caches are
+        // kept alive by the Stepper; the static buffers too.
+        py.detach(|| unsafe {
+            self.engine.compact_kv(stream, window, caches)?;
+            if readback {
+                self.engine.publish(stream)?;
+            }
+            Ok(())
+        })
+        .map_err(errors::cuda_to_py)
+    }
+
+    /// The accepted nodes' rows of `hidden` (`[bs*Q, H, ...]`) in path order into `out`
+    /// (`[bs, L+1, H, ...]`, zeros past each path), both checked here; `readback` then
+    /// publishes.
+    fn gather_hidden(
+        &self,
+        py: Python<'_>,
+        hidden: &Bound<'_, PyAny>,
+        out: &Bound<'_, PyAny>,
+        readback: bool,
+    ) -> PyResult<()> {
+        let r = self.accepted("gather_hidden")?;
+        let (src, q, row_bytes) = self.checks.hidden(hidden, r.bs)?;
+        let dst = self.checks.gather_out(out, hidden, r.bs, r.path_len())?;
+        let stream = self.stream(py)?;
+        // SAFETY: checked live contiguous tensors of the shapes the gather reads and writes.
+        py.detach(|| unsafe {
+            self.engine.gather_hidden(stream, src, q, row_bytes, dst)?;
+            if readback {
+                self.engine.publish(stream)?;
+            }
+            Ok(())
+        })
+        .map_err(errors::cuda_to_py)
+    }
 }
 
 impl CudaEngine {
+    /// The last acceptance's round, or the Stepper's "call accept() first".
+    fn accepted(&self, what: &str) -> PyResult<Round> {
+        self.engine
+            .accepted()
+            .ok_or_else(|| PyValueError::new_err(format!("Stepper.{what}: call accept() first")))
+    }
+
     /// PyTorch's current stream of the engine's device (the capture stream inside a graph).
     fn stream(&self, py: Python<'_>) -> PyResult<u64> {
         let ordinal = self.engine.ordinal;
