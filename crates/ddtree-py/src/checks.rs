@@ -3,6 +3,7 @@
 //! messages of the package's documented checks. One `Checks` per engine, for its device
 //! (`None`: the CPU).
 
+use crate::buffers::data_ptr;
 use crate::errors;
 use ddtree_core::round::{Planner, Round};
 use ddtree_cuda::params::{ParamDtype, ParamSource};
@@ -150,7 +151,7 @@ impl Checks {
             )));
         }
         Ok(Meta {
-            ptr: x.call_method0("data_ptr")?.extract()?,
+            ptr: data_ptr(x)? as u64,
             shape: x.getattr("shape")?.extract()?,
             strides: x.call_method0("stride")?.extract()?,
         })
@@ -209,7 +210,7 @@ impl Checks {
         }
         if n > 1 && m.strides[0] != 1 {
             let copy = x.call_method0("contiguous")?;
-            let ptr = copy.call_method0("data_ptr")?.extract()?;
+            let ptr = data_ptr(&copy)? as u64;
             return Ok((ptr, Some(copy)));
         }
         Ok((m.ptr, None))
@@ -255,7 +256,7 @@ impl Checks {
             )));
         };
         Ok(ParamSource {
-            ptr: x.call_method0("data_ptr")?.extract()?,
+            ptr: data_ptr(x)? as u64,
             stride: x.call_method1("stride", (0,))?.extract()?,
             dtype: code,
             ..ParamSource::default()
@@ -281,12 +282,10 @@ impl Checks {
                 self.device_name()
             )));
         }
-        if !x.call_method0("is_contiguous")?.extract::<bool>()? {
-            return Err(PyValueError::new_err(format!("{name}: must be contiguous")));
-        }
+        let ptr = contiguous_ptr(x, name)?;
         let elem: usize = x.call_method0("element_size")?.extract()?;
         let row = shape[1..].iter().product::<usize>() * elem;
-        Ok((x.call_method0("data_ptr")?.extract()?, shape[0] / bs, row))
+        Ok((ptr, shape[0] / bs, row))
     }
 
     /// `out` of a hidden gather: a contiguous tensor of `hidden`'s dtype, shaped
@@ -315,10 +314,7 @@ impl Checks {
                 self.device_name()
             )));
         }
-        if !out.call_method0("is_contiguous")?.extract::<bool>()? {
-            return Err(PyValueError::new_err("out: must be contiguous"));
-        }
-        out.call_method0("data_ptr")?.extract()
+        contiguous_ptr(out, "out")
     }
 
     /// The verify window of the last round: an int64 `[bs, Q]` contiguous tensor on this
@@ -348,9 +344,14 @@ impl Checks {
                 self.device_name()
             )));
         }
-        if !w.call_method0("is_contiguous")?.extract::<bool>()? {
-            return Err(PyValueError::new_err(format!("{name}: must be contiguous")));
-        }
-        w.call_method0("data_ptr")?.extract()
+        contiguous_ptr(w, name)
     }
+}
+
+/// The address of `x`, or the `ValueError` "`name`: must be contiguous".
+fn contiguous_ptr(x: &Bound<'_, PyAny>, name: &str) -> PyResult<u64> {
+    if !x.call_method0("is_contiguous")?.extract::<bool>()? {
+        return Err(PyValueError::new_err(format!("{name}: must be contiguous")));
+    }
+    Ok(data_ptr(x)? as u64)
 }
