@@ -8,7 +8,7 @@ use crate::checks::Checks;
 use crate::errors;
 use ddtree_cuda::engine::{Buffers, CacheTable, Engine, Limits, Round};
 use ddtree_cuda::params::ParamSource;
-use ddtree_cuda::{Logits, ReadbackRing};
+use ddtree_cuda::{CudaError, Logits, ReadbackRing};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
@@ -202,16 +202,10 @@ impl CudaEngine {
     ) -> PyResult<()> {
         let r = self.accepted("kept_slots")?;
         let window = self.checks.window(out_cache_loc, r)?;
-        let stream = self.stream(py)?;
         // SAFETY: `window` is a checked live int64 [bs, Q] tensor; the buffers are alive.
-        py.detach(|| unsafe {
-            self.engine.kept_slots(stream, window, num_slots)?;
-            if readback {
-                self.engine.publish(stream)?;
-            }
-            Ok(())
+        self.commit(py, readback, |e, stream| unsafe {
+            e.kept_slots(stream, window, num_slots)
         })
-        .map_err(errors::cuda_to_py)
     }
 
     /// The caches `compact_kv` moves rows in (checked by the Stepper's `CacheTable`): the
@@ -249,17 +243,11 @@ impl CudaEngine {
             ));
         };
         let window = self.checks.window(out_cache_loc, r)?;
-        let stream = self.stream(py)?;
         // SAFETY: a checked live int64 [bs, Q] window; the cache table and the caches are
         // kept alive by the Stepper; the static buffers too.
-        py.detach(|| unsafe {
-            self.engine.compact_kv(stream, window, caches)?;
-            if readback {
-                self.engine.publish(stream)?;
-            }
-            Ok(())
+        self.commit(py, readback, |e, stream| unsafe {
+            e.compact_kv(stream, window, caches)
         })
-        .map_err(errors::cuda_to_py)
     }
 
     /// The accepted nodes' rows of `hidden` (`[bs*Q, H, ...]`) in path order into `out`
@@ -275,20 +263,32 @@ impl CudaEngine {
         let r = self.accepted("gather_hidden")?;
         let (src, q, row_bytes) = self.checks.hidden(hidden, r.bs)?;
         let dst = self.checks.gather_out(out, hidden, r.bs, r.path_len())?;
-        let stream = self.stream(py)?;
         // SAFETY: checked live contiguous tensors of the shapes the gather reads and writes.
-        py.detach(|| unsafe {
-            self.engine.gather_hidden(stream, src, q, row_bytes, dst)?;
+        self.commit(py, readback, |e, stream| unsafe {
+            e.gather_hidden(stream, src, q, row_bytes, dst)
+        })
+    }
+}
+
+impl CudaEngine {
+    /// A commit call's launch on the current stream, then (`readback`) the publishing of
+    /// the acceptance after it, with the GIL released.
+    fn commit<F>(&self, py: Python<'_>, readback: bool, launch: F) -> PyResult<()>
+    where
+        F: FnOnce(&Engine, u64) -> Result<Round, CudaError> + Send,
+    {
+        let stream = self.stream(py)?;
+        py.detach(|| {
+            launch(&self.engine, stream)?;
             if readback {
-                self.engine.publish(stream)?;
+                // SAFETY: the static buffers are alive (the Stepper owns them).
+                unsafe { self.engine.publish(stream)? };
             }
             Ok(())
         })
         .map_err(errors::cuda_to_py)
     }
-}
 
-impl CudaEngine {
     /// The last acceptance's round, or the Stepper's "call accept() first".
     fn accepted(&self, what: &str) -> PyResult<Round> {
         self.engine
