@@ -66,13 +66,9 @@ class SamplingState:
         """Per-request values: scalars (checked here) or ``[bs]`` tensors on this device
         (their values are the kernel's: temperature ≤ 0 or NaN is greedy, top_k ≤ 0 or ≥ V
         and top_p ≥ 1 are off; checking them here would sync). All three are checked before
-        any is written."""
-        self.check(bs, temperature, top_k, top_p)
-        self.write(bs, temperature, top_k, top_p)
-
-    def check(self, bs: int, temperature, top_k, top_p) -> None:
-        """Raises for a bad scalar, or a tensor of the wrong shape or device, naming it."""
-        for (name, kind, _), value in zip(PARAMS, (temperature, top_k, top_p), strict=True):
+        any is written, then written by device-side copies and fills."""
+        values = (temperature, top_k, top_p)
+        for (name, kind, _), value in zip(PARAMS, values, strict=True):
             if isinstance(value, torch.Tensor):
                 if tuple(value.shape) != (bs,):
                     raise ValueError(
@@ -82,11 +78,7 @@ class SamplingState:
                     raise ValueError(f"{name}: tensor on {value.device}, expected {self.device}")
             elif value is not None:
                 _check_scalar(name, value, kind)
-
-    def write(self, bs: int, temperature, top_k, top_p) -> None:
-        """Writes values ``check`` accepted: device-side copies and fills."""
         buffers = (self.temperature, self.top_k, self.top_p)
-        values = (temperature, top_k, top_p)
         for buf, (_, _, off), value in zip(buffers, PARAMS, values, strict=True):
             part = buf[:bs]
             if isinstance(value, torch.Tensor):

@@ -139,7 +139,7 @@ class Stepper:
             root_tokens = _validate.index_vector("root_tokens", root_tokens, bs, self.device)
             prefix_lens = _validate.index_vector("prefix_lens", prefix_lens, bs, self.device)
         round_ = self._engine.step(draft_logits, root_tokens, prefix_lens)
-        tree = self._trees.get(round_[:3]) or self._tree_view(round_[:3])
+        tree = self._tree_view(round_[:3])
         self._tree, self._round = tree, round_
         return tree
 
