@@ -90,6 +90,11 @@ def attention(dev) -> None:
     ):
         c = make_case(device=dev, **case)
         ddtree.tree_attention(**c, return_lse=True)
+    # The Stepper's own workspace (the engine's launch path), MLA with V a view of K.
+    stepper = ddtree.Stepper(max_batch=2, budget=15, depth=4, vocab=50, device=dev)
+    c = make_case(device=dev, mla=True, hq=8, dqk=576, prefix=(2000, 7))
+    stepper.step(torch.randn(2, 4, 50, device=dev), [0, 1], c["prefix_lens"])
+    stepper.tree_attention(**{k: v for k, v in c.items() if k != "tree"}, return_lse=True)
     c = make_case(device=dev, hq=4, hkv=2, prefix=(40, 9), page_size=16)
     c["kv_indices"][0] = 10**6
     status = torch.zeros(2, dtype=torch.int32, device=dev)

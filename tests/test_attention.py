@@ -88,3 +88,23 @@ def test_bad_input_is_refused_naming_the_argument(change, name):
     change(c)
     with pytest.raises((ValueError, TypeError), match=name):
         ddtree.tree_attention(**c)
+
+
+def test_a_cpu_stepper_attends_over_its_last_tree():
+    """Stepper.tree_attention is tree_attention with the Stepper's last tree; it needs a
+    step first and checks its arguments against that tree."""
+    c = make_case(bs=2, budget=15, prefix=(7, 20))
+    stepper = ddtree.Stepper(max_batch=2, budget=15, depth=4, vocab=50, device="cpu")
+    args = {k: v for k, v in c.items() if k != "tree"}
+    with pytest.raises(RuntimeError, match="call step"):
+        stepper.tree_attention(**args)
+    g = torch.Generator().manual_seed(3)
+    tree = stepper.step(torch.randn(2, 4, 50, generator=g), [1, 2], c["prefix_lens"])
+    stepper.prepare_attention(hq=4, hkv=2, dqk=64, dv=64)  # nothing to make on the CPU
+    got, lse = stepper.tree_attention(**args, return_lse=True)
+    want, want_lse = ddtree.tree_attention(**dict(c, tree=tree), return_lse=True)
+    assert torch.equal(got, want) and torch.equal(lse, want_lse)
+    with pytest.raises(ValueError, match="q: must have bs"):
+        stepper.tree_attention(**dict(args, q=args["q"][:-1]))
+    with pytest.raises(ValueError, match="hkv"):
+        stepper.prepare_attention(hq=4, hkv=0, dqk=64, dv=64)

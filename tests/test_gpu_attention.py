@@ -189,13 +189,16 @@ def test_a_whole_round_with_tree_attention_in_one_graph():
     unembed = torch.randn(hq * d, vocab, device=DEV, generator=g)
     ws = ddtree.AttentionWorkspace(DEV, max_batch=bs, q_nodes=q_nodes, hq=hq, hkv=hkv, dqk=d, dv=d)
 
-    def round_(stepper, out):
+    def round_(stepper, out, own_workspace=False):
+        """The captured Stepper attends with its engine's workspace, the eager one with the
+        functional API's: the same kernel and splits, so the same bits."""
         tree = stepper.step(x, roots, prefix)
         ids = tree.verify_ids.flatten()
-        ddtree.tree_attention(
-            emb_q[ids], emb_k[ids], emb_v[ids], pool_k, pool_v, indptr, indices, prefix,
-            tree, sm_scale=d**-0.5, out=out, workspace=ws,
-        )  # fmt: skip
+        kv = (emb_q[ids], emb_k[ids], emb_v[ids], pool_k, pool_v, indptr, indices, prefix)
+        if own_workspace:
+            stepper.tree_attention(*kv, sm_scale=d**-0.5, out=out)
+        else:
+            ddtree.tree_attention(*kv, tree, sm_scale=d**-0.5, out=out, workspace=ws)
         logits = (out.view(bs * q_nodes, -1).float() @ unembed).view(bs, q_nodes, vocab)
         return stepper.accept(logits)
 
@@ -203,11 +206,12 @@ def test_a_whole_round_with_tree_attention_in_one_graph():
         return ddtree.Stepper(max_batch=bs, budget=budget, depth=depth, vocab=vocab, device=DEV)
 
     stepper, out = new_stepper(), torch.empty(bs * q_nodes, hq, d, device=DEV).bfloat16()
-    round_(stepper, out)
+    round_(stepper, out, own_workspace=True)  # makes the engine's workspace
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        acc = round_(stepper, out)
+        acc = round_(stepper, out, own_workspace=True)
+    assert len(stepper._engine.attention_workspaces()) == 1
     ref, ref_out = new_stepper(), torch.empty_like(out)
     for seed in range(4):
         x.copy_(rnd(bs, depth, vocab) * 3)
@@ -219,3 +223,28 @@ def test_a_whole_round_with_tree_attention_in_one_graph():
             assert torch.equal(getattr(acc, name), getattr(eager, name)), (seed, name)
     host = stepper.readback(wait=True)
     assert torch.equal(host["accepted_tokens"], acc.accepted_tokens.cpu())
+
+
+def test_a_stepper_attends_only_with_a_workspace_made_outside_the_capture():
+    """Inside a capture the engine may not allocate: an unprepared head shape is refused
+    (naming prepare/attention_workspace) and nothing is launched; prepared, the captured call
+    replays what the functional API computes."""
+    c = make_case(device=DEV, bs=2, budget=15, hq=8, hkv=2, dqk=128, prefix=(300, 5000))
+    stepper = ddtree.Stepper(max_batch=2, budget=15, depth=4, vocab=50, device=DEV)
+    g = torch.Generator(device=DEV).manual_seed(1)
+    tree = stepper.step(torch.randn(2, 4, 50, device=DEV, generator=g), c["tree"].verify_ids[:, 0],
+                        c["prefix_lens"])  # fmt: skip
+    args = {k: v for k, v in c.items() if k != "tree"}
+    out = torch.empty(c["q"].shape[0], 8, 128, dtype=c["q"].dtype, device=DEV)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="no workspace"):
+        with torch.cuda.graph(graph):
+            stepper.tree_attention(**args, out=out)
+    stepper.prepare_attention(hq=8, hkv=2, dqk=128, dv=128)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        stepper.tree_attention(**args, out=out)
+    graph.replay()
+    want = ddtree.tree_attention(**dict(c, tree=tree))
+    assert torch.equal(out, want)

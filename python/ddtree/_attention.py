@@ -65,24 +65,21 @@ class AttentionWorkspace:
 
     def __init__(self, device, *, max_batch, q_nodes, hq, hkv, dqk, dv):
         self.device = _validate.concrete_device(torch.device(device))
-        tile = _core.attention_tile(dqk, dv)
-        if tile is None:
-            raise ValueError(f"dqk: head dim {dqk} exceeds the CUDA kernel's largest tile")
+        sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+        plan = _core.attention_plan(max_batch, q_nodes, hq, hkv, dqk, dv, sms)
+        if plan is None:
+            raise ValueError(
+                f"dqk: no compiled tile for {hq} query heads over {hkv} KV heads of head dim {dqk}"
+            )
         self.shape = (q_nodes, hq, hkv, dqk, dv)
-        rows_per_block, dv_cols = tile
-        group = hq // hkv
-        self.blocks_per_request = hkv * -(-q_nodes * group // rows_per_block) * -(-dv // dv_cols)
-        self.sms = torch.cuda.get_device_properties(self.device).multi_processor_count
         self.max_batch = max_batch
-        need = max(self.splits(bs) * bs for bs in range(1, max_batch + 1))
-        size = need * q_nodes * hq * (dv + 2) if need > max_batch or self.splits(1) > 1 else 0
-        self.part = torch.empty(max(size, 1), dtype=torch.float32, device=self.device)
+        self._splits, part_floats = plan  # the split policy is the Rust crate's (SplitPlan)
+        self.part = torch.empty(max(part_floats, 1), dtype=torch.float32, device=self.device)
         self.status = torch.empty(max_batch, dtype=torch.int32, device=self.device)
 
     def splits(self, bs: int) -> int:
-        """Key splits per request: enough blocks for two per SM, at most 32."""
-        blocks = bs * self.blocks_per_request
-        return max(1, min(32, -(-2 * self.sms // blocks)))
+        """Key splits per request in a call of ``bs`` requests."""
+        return self._splits[bs - 1]
 
 
 def _tensor(name, x):
@@ -264,6 +261,7 @@ def _cuda_attention(a: dict, workspace: AttentionWorkspace | None) -> None:
 
     q = a["q"]
     shape = (a["q_nodes"], a["hq"], a["hkv"], a["dqk"], a["dv"])
+    arg = launch_arg(a)  # checks the head dims and the tree first
     if workspace is None:
         workspace = AttentionWorkspace(
             q.device, max_batch=a["bs"], q_nodes=a["q_nodes"], hq=a["hq"], hkv=a["hkv"],
@@ -274,16 +272,22 @@ def _cuda_attention(a: dict, workspace: AttentionWorkspace | None) -> None:
             f"workspace: made for {workspace.max_batch} requests of shape {workspace.shape} on "
             f"{workspace.device}, the call has {a['bs']} of {shape} on {q.device}"
         )
+    arg["part"] = workspace.part
+    arg["status"] = a["status"] if a["status"] is not None else workspace.status[: a["bs"]]
+    arg["splits"] = workspace.splits(a["bs"])
+    _core.cuda_tree_attention(*_cuda.launch_on(q.device), arg)
+
+
+def launch_arg(a: dict) -> dict:
+    """The kernel's view of a checked call (``_check``) but its workspace: Rust reads each
+    tensor's address and strides (and checks the rows' alignment)."""
     if a["dqk"] % 8 or a["dv"] % 8:
         raise ValueError("q: head dims must be multiples of 8 on CUDA")
-    status = a["status"] if a["status"] is not None else workspace.status[: a["bs"]]
-    tree = a["tree"]
-    bits = tree.ancestor_bits
+    bits = a["tree"].ancestor_bits
     if not bits.is_contiguous():
         raise ValueError("tree: ancestor_bits must be contiguous")
-    # Rust reads each tensor's address and strides (and checks the rows' alignment).
     arg = {
-        "q": q,
+        "q": a["q"],
         "k_new": a["k_new"],
         "v_new": a["v_new"],
         "k_cache": a["k_cache"],
@@ -294,19 +298,19 @@ def _cuda_attention(a: dict, workspace: AttentionWorkspace | None) -> None:
         "prefix_lens": a["prefix"],
         "ancestor_bits": bits,
         "lse": a["lse"],
-        "part": workspace.part,
-        "status": status,
         "num_indices": a["indices"].numel(),
         "num_slots": a["k_cache"].shape[0],
         "sm_scale_log2": a["sm_scale"] * LOG2E,
         "index64": a["indices"].dtype == torch.int64,
+        "f16": a["q"].dtype == torch.float16,
         "shape": [
             a["bs"], a["q_nodes"], a["hq"], a["hkv"], a["dqk"], a["dv"],
             a["page_size"].bit_length() - 1, bits.shape[2],
         ],
-        "splits": workspace.splits(a["bs"]),
     }  # fmt: skip
-    _core.cuda_tree_attention(*_cuda.launch_on(q.device), arg, q.dtype == torch.float16)
+    if a["status"] is not None:
+        arg["status"] = a["status"]
+    return arg
 
 
 LOG2E = 1.4426950408889634

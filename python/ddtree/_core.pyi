@@ -136,9 +136,11 @@ def readback_newest(
     host: Tensor, nslots: int, slot_words: int, after: int, out: Tensor
 ) -> int | None: ...
 def cuda_tree_attention(
-    device: int, stream: int, a: dict[str, object], f16: bool
-) -> None: ...  # a: tensors (q, k_new, v_new, k_cache, v_cache, out, kv_indptr, ...) and scalars
-def attention_tile(dqk: int, dv: int) -> tuple[int, int] | None: ...
+    device: int, stream: int, a: dict[str, object]
+) -> None: ...  # a: _attention.launch_arg's dict plus the workspace's part, status, splits
+def attention_plan(
+    max_batch: int, q_nodes: int, hq: int, hkv: int, dqk: int, dv: int, sms: int
+) -> tuple[list[int], int] | None: ...  # (splits per bs = 1..max_batch, part floats)
 
 # (temperature, top_k, top_p): each a checked number or a [bs] float/int tensor.
 SamplingParams = tuple[float | Tensor, int | Tensor, float | Tensor]
@@ -178,12 +180,27 @@ class CudaEngine:
     def register_caches(self, table: Tensor, count: int, row_bytes: int, slots: int) -> None: ...
     def compact_kv(self, out_cache_loc: Tensor, readback: bool) -> None: ...
     def gather_hidden(self, hidden: Tensor, out: Tensor, readback: bool) -> None: ...
+    def prepare_attention(
+        self, heads: tuple[int, int], dims: tuple[int, int], sms: int
+    ) -> int: ...  # (hq, hkv), (dqk, dv); returns the partials' fp32 size
+    def tree_attention(self, arg: dict[str, object]) -> None: ...  # _attention.launch_arg
+    def attention_workspaces(
+        self,
+    ) -> list[tuple[list[int], Tensor, Tensor]]: ...  # (hq, hkv, dqk, dv), part, status
 
 class CpuEngine:
     """The CPU twin of CudaEngine behind a CPU Stepper (crates/ddtree-py/src/cpu_engine.rs)."""
 
-    def __init__(self, limits: tuple[int, int, int, int, int | None], tree: Tree) -> None: ...
+    def __init__(
+        self, limits: tuple[int, int, int, int, int | None], tree: Tree, acc: Acceptance
+    ) -> None: ...
     def step(
         self, draft_logits: Tensor, root_tokens: Tensor, prefix_lens: Tensor
     ) -> tuple[int, int, int, int]: ...
     def check_target(self, target_logits: Tensor) -> None: ...
+    def accept(
+        self,
+        target_logits: Tensor,
+        params: tuple[Tensor, Tensor, Tensor] | None = None,  # [bs] f64, i64, f64
+        seed: int = 0,
+    ) -> tuple[int, int, int, int]: ...

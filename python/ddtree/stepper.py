@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _api, _buffers, _commit, _cuda, _sampling, _validate
+from . import _api, _attention, _buffers, _commit, _cuda, _sampling, _validate
 from ._readback import READBACK_SLOTS, ReadbackRing
 from ._types import Acceptance, Tree
 
@@ -100,7 +100,8 @@ class Stepper:
         CPU path into the static buffers."""
         from . import _core
 
-        return _core.CpuEngine(self._limits(), self._largest_tree())
+        largest_acc = self._acc_view(self.max_batch, self.depth)
+        return _core.CpuEngine(self._limits(), self._largest_tree(), largest_acc)
 
     def _new_cuda_engine(self):
         """The Rust round engine: it keeps the static buffers' addresses (read once, here)
@@ -184,8 +185,11 @@ class Stepper:
             self._accept_cuda(target_logits, temperature, top_k, top_p, generator, readback)
             self._acc = acc
             return acc
+        # Every argument is checked before a seed is drawn (that advances a torch.Generator).
         self._engine.check_target(target_logits)  # shape, vocabulary, device: named
-        _api.cpu_accept_into(tree, target_logits, acc, temperature, top_k, top_p, generator)
+        params = _api.sampling_params(tree.batch_size, temperature, top_k, top_p)
+        seed = 0 if params is None else _api.seed_of(generator)
+        self._engine.accept(target_logits, params, seed)
         self._acc = acc
         self._publish(acc, readback)
         return acc
@@ -362,6 +366,55 @@ class Stepper:
         result = _commit.gather_hidden(acc, hidden, out=out)
         self._publish(acc, readback)
         return result
+
+    def prepare_attention(self, *, hq: int, hkv: int, dqk: int, dv: int) -> None:
+        """Makes the engine's workspace for ``tree_attention`` calls of this head shape (up
+        to ``max_batch`` requests of the Stepper's Q = budget+1 nodes): it allocates, so do
+        it before capturing a round that calls ``tree_attention``. Once per shape; a no-op
+        on the CPU."""
+        self._check_open()
+        heads = [_validate.positive_int(n, v) for n, v in (("hq", hq), ("hkv", hkv))]
+        dims = [_validate.positive_int(n, v) for n, v in (("dqk", dqk), ("dv", dv))]
+        if self.device.type != "cuda":
+            return
+        sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+        self._engine.prepare_attention(tuple(heads), tuple(dims), sms)
+
+    def tree_attention(
+        self,
+        q,
+        k_new,
+        v_new,
+        k_cache,
+        v_cache,
+        kv_indptr,
+        kv_indices,
+        prefix_lens,
+        *,
+        sm_scale,
+        page_size=1,
+        out=None,
+        return_lse=False,
+        lse_out=None,
+        status=None,
+    ):
+        """``ddtree.tree_attention`` for the last step's tree, with the engine's workspace
+        (made on first use of a head shape, or by ``prepare_attention``): the verify
+        forward's attention inside a captured round needs no tree or workspace argument."""
+        self._check_open()
+        if self._tree is None:
+            raise RuntimeError("Stepper.tree_attention: call step() first")
+        given = dict(locals())
+        given.pop("self")
+        given["tree"] = self._tree
+        a = _attention._check(given)  # every argument, named, before anything runs
+        if self.device.type == "cuda":
+            if not torch.cuda.is_current_stream_capturing():  # inside, it must exist already
+                self.prepare_attention(hq=a["hq"], hkv=a["hkv"], dqk=a["dqk"], dv=a["dv"])
+            self._engine.tree_attention(_attention.launch_arg(a))
+        else:
+            _attention._cpu_attention(a)
+        return (a["out"], a["lse"]) if return_lse else a["out"]
 
     def _last_acceptance(self, what: str) -> Acceptance:
         self._check_open()

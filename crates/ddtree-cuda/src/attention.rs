@@ -151,6 +151,67 @@ pub fn geometry(v: &Variant, q_nodes: usize, group: usize, dv: usize) -> (usize,
     (rows.div_ceil(v.rows()), dv.div_ceil(v.block_cols()))
 }
 
+/// How a call's key range is split (flash-decoding) and the scratch the splits need, for
+/// calls of up to `max_batch` requests of one head shape: made once per workspace, so the
+/// split count depends only on the shapes and graph replays keep their geometry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SplitPlan {
+    /// Key splits per request for a batch of `bs` requests: `splits[bs - 1]`.
+    pub splits: Vec<usize>,
+    /// fp32 elements of the partial results (`part`), 0 when no batch splits.
+    pub part_floats: usize,
+}
+
+/// Most key splits per request: past this the merge's cost outgrows the gain.
+pub const MAX_SPLITS: usize = 32;
+
+impl SplitPlan {
+    /// The plan for `max_batch` requests of a tree of `q_nodes` nodes, `hq` query heads
+    /// over `hkv` KV heads, head dims `dqk`/`dv`, on a GPU of `sms` multiprocessors: enough
+    /// blocks for two per SM. `None` when no compiled tile holds `dqk`. The tile is the one
+    /// a call whose V is a view of K takes when `dv <= dqk` (MLA's usual form); a call that
+    /// takes the other tile of that size runs with the same splits, which `part` holds.
+    pub fn new(
+        max_batch: usize,
+        q_nodes: usize,
+        heads: (usize, usize),
+        dims: (usize, usize),
+        sms: usize,
+    ) -> Option<Self> {
+        let ((hq, hkv), (dqk, dv)) = (heads, dims);
+        if hkv == 0 || hq % hkv != 0 || max_batch == 0 {
+            return None;
+        }
+        let (_, v) = Variant::for_head_dim(dqk, dv <= dqk)?;
+        let (row_tiles, dv_chunks) = geometry(&v, q_nodes, hq / hkv, dv);
+        let per_request = (hkv * row_tiles * dv_chunks).max(1);
+        let splits: Vec<usize> = (1..=max_batch)
+            .map(|bs| (2 * sms).div_ceil(bs * per_request).clamp(1, MAX_SPLITS))
+            .collect();
+        let most = splits
+            .iter()
+            .enumerate()
+            .map(|(i, s)| s * (i + 1))
+            .max()
+            .unwrap_or(0);
+        let any_split = splits.iter().any(|&s| s > 1);
+        let part_floats = if any_split {
+            most * q_nodes * hq * (dv + 2)
+        } else {
+            0
+        };
+        Some(Self {
+            splits,
+            part_floats,
+        })
+    }
+
+    /// Key splits per request for a batch of `bs` (1 ≤ bs ≤ max_batch).
+    pub fn splits_for(&self, bs: usize) -> usize {
+        self.splits[bs - 1]
+    }
+}
+
 /// Launches the check, the attention blocks and (with `p.splits` > 1) the merge on
 /// `stream`. `f16` selects the fp16 kernels (else bf16); `v_in_k` says V is a view of K's
 /// first `dv` columns (same addresses and strides), which lets an MLA call read the values
@@ -271,6 +332,24 @@ mod tests {
         assert_eq!(Variant::for_head_dim(576, true).unwrap().1.name, "d576vk");
         assert_eq!(Variant::for_head_dim(96, true).unwrap().1.name, "d128");
         assert!(Variant::for_head_dim(1024, false).is_none());
+    }
+
+    #[test]
+    fn a_split_plan_fills_the_gpu_and_sizes_the_partials_for_its_largest_need() {
+        // MLA Hq=8, Q=256, on 132 SMs: 64 row tiles * 1 chunk per request already
+        // give 64 blocks, so bs=1 splits in 5, bs=3 in 2, bs >= 5 not at all.
+        let p = SplitPlan::new(8, 256, (8, 1), (576, 512), 132).unwrap();
+        assert_eq!(&p.splits[..6], &[5, 3, 2, 2, 1, 1]);
+        assert_eq!(p.part_floats, 8 * 256 * 8 * 514); // bs=4 * 2 splits = 8 partial sets
+                                                      // A small GQA call splits up to the cap, and never below one.
+        let p = SplitPlan::new(2, 16, (3, 3), (64, 64), 132).unwrap();
+        assert_eq!(p.splits, vec![MAX_SPLITS, MAX_SPLITS]);
+        assert_eq!(p.part_floats, 2 * MAX_SPLITS * 16 * 3 * 66);
+        // Enough blocks without splitting: no scratch at all.
+        let p = SplitPlan::new(4, 256, (32, 8), (128, 128), 16).unwrap();
+        assert_eq!((p.splits.clone(), p.part_floats), (vec![1; 4], 0));
+        assert!(SplitPlan::new(4, 16, (3, 2), (64, 64), 132).is_none());
+        assert!(SplitPlan::new(4, 16, (8, 1), (1024, 512), 132).is_none());
     }
 
     #[test]

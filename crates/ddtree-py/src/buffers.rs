@@ -75,6 +75,16 @@ impl TreeOut {
         }
     }
 
+    /// The links of the tree a step of `[bs, q]` wrote into these buffers.
+    pub fn links(&self, bs: usize, q: usize) -> Links {
+        Links {
+            shape: (bs, q),
+            verify_ids: self.verify_ids,
+            first_child: self.first_child,
+            next_sibling: self.next_sibling,
+        }
+    }
+
     /// The GPU path's device addresses.
     pub fn ptrs(&self) -> TreePtrs {
         TreePtrs {
@@ -135,7 +145,7 @@ impl Links {
 }
 
 /// An `Acceptance`'s tensors, and its `[bs, L+1]` path shape.
-#[derive(FromPyObject)]
+#[derive(FromPyObject, Clone, Copy)]
 pub struct AccOut {
     #[pyo3(attribute("accepted_nodes"), from_py_with = shape2)]
     shape: (usize, usize),
@@ -156,6 +166,15 @@ pub struct AccOut {
 impl AccOut {
     pub fn path_len(&self) -> usize {
         self.shape.1
+    }
+
+    /// The acceptance of `bs` requests with paths of `path_len` in these buffers (each
+    /// field's region starts at the same address whatever the shape).
+    pub fn sized(&self, bs: usize, path_len: usize) -> AccOut {
+        AccOut {
+            shape: (bs, path_len),
+            ..*self
+        }
     }
 
     /// # Safety

@@ -3,7 +3,7 @@
 //! the Rust CPU path instead of kernels. On the CPU the index *values* are checked too, on
 //! the host (on CUDA they are status codes: reading them would sync).
 
-use crate::buffers::TreeOut;
+use crate::buffers::{data_ptr, AccOut, TreeOut};
 use crate::checks::Checks;
 use crate::engine::round_key;
 use crate::tensor::{slice, TensorArg};
@@ -21,17 +21,25 @@ pub struct CpuEngine {
     /// The Stepper's `Tree` of the largest shape: each field's region starts there, and a
     /// step of any shape writes the leading part.
     tree: TreeOut,
+    /// The Stepper's `Acceptance` of the largest shape, likewise.
+    acc: AccOut,
 }
+
+/// Per-request sampling parameters as the Stepper passes them: `[bs]` float64
+/// temperature, int64 top_k, float64 top_p CPU tensors (checked by `_api.sampling_params`).
+type Params<'py> = (Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>);
 
 #[pymethods]
 impl CpuEngine {
-    /// `limits`: (max_batch, budget, depth, vocab, topk or None); `tree`: a `Tree` of the
-    /// largest shape viewing the Stepper's static buffers (read once, here).
+    /// `limits`: (max_batch, budget, depth, vocab, topk or None); `tree` and `acc`: a `Tree`
+    /// and an `Acceptance` of the largest shape viewing the Stepper's static buffers (read
+    /// once, here).
     #[new]
     fn new(
         py: Python<'_>,
         limits: (usize, usize, usize, usize, Option<usize>),
         tree: TreeOut,
+        acc: AccOut,
     ) -> PyResult<Self> {
         let (max_batch, budget, depth, vocab, topk) = limits;
         Ok(Self {
@@ -44,6 +52,7 @@ impl CpuEngine {
             }),
             checks: Checks::new(py, None)?,
             tree,
+            acc,
         })
     }
 
@@ -68,7 +77,7 @@ impl CpuEngine {
         };
         check_roots(rs, r.vocab)?;
         check_prefix(ps, r.depth)?;
-        let logits = tensor_arg(&x)?;
+        let logits = tensor_arg(&x, "draft_logits")?;
         let l = self.planner.limits;
         let (root_ptr, prefix_ptr, tree) = (roots as usize, prefix as usize, &self.tree);
         match x.dtype {
@@ -90,10 +99,56 @@ impl CpuEngine {
     fn check_target(&self, target_logits: &Bound<'_, PyAny>) -> PyResult<()> {
         self.checks.target(&self.planner, target_logits).map(|_| ())
     }
+
+    /// SPEC stage 4 for the last step's tree into the static acceptance: greedy, or with
+    /// per-request `params` (see `Params`) and random numbers keyed by `seed`. The target is
+    /// checked first; returns the round's (bs, depth, K, V).
+    #[pyo3(signature = (target_logits, params=None, seed=0))]
+    fn accept<'py>(
+        &self,
+        py: Python<'py>,
+        target_logits: &Bound<'py, PyAny>,
+        params: Option<Params<'py>>,
+        seed: u64,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let t = self.checks.target(&self.planner, target_logits)?;
+        let r = self
+            .planner
+            .plan_accept(t.shape)
+            .map_err(crate::errors::to_py)?;
+        let target = tensor_arg(&t, "target_logits")?;
+        let (links, acc) = (
+            self.tree.links(r.bs, r.q()),
+            self.acc.sized(r.bs, r.path_len()),
+        );
+        let args = (&links, &acc);
+        match params {
+            None => match t.dtype {
+                Dtype::F32 => crate::accept_greedy_as::<f32>(py, &target, args),
+                Dtype::F16 => crate::accept_greedy_as::<f16>(py, &target, args),
+                Dtype::Bf16 => crate::accept_greedy_as::<bf16>(py, &target, args),
+            },
+            Some((temperature, top_k, top_p)) => {
+                let ptrs = (
+                    data_ptr(&temperature)?,
+                    data_ptr(&top_k)?,
+                    data_ptr(&top_p)?,
+                );
+                // SAFETY: `_api.sampling_params` made them: [bs] CPU f64, i64, f64.
+                let p = unsafe { crate::sampling_params(ptrs, r.bs) };
+                match t.dtype {
+                    Dtype::F32 => crate::accept_sampled_as::<f32>(py, &target, args, &p, seed),
+                    Dtype::F16 => crate::accept_sampled_as::<f16>(py, &target, args, &p, seed),
+                    Dtype::Bf16 => crate::accept_sampled_as::<bf16>(py, &target, args, &p, seed),
+                }
+            }
+        }?;
+        round_key(py, r)
+    }
 }
 
-/// The CPU path's view of checked logits (CPU strides are never negative).
-fn tensor_arg(x: &Logits) -> PyResult<TensorArg> {
+/// The CPU path's view of checked logits `name` (CPU strides are never negative).
+fn tensor_arg(x: &Logits, name: &str) -> PyResult<TensorArg> {
     let dtype = match x.dtype {
         Dtype::F32 => "float32",
         Dtype::F16 => "float16",
@@ -104,7 +159,9 @@ fn tensor_arg(x: &Logits) -> PyResult<TensorArg> {
         .iter()
         .map(|&s| usize::try_from(s))
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|_| PyValueError::new_err("draft_logits: negative strides are not supported"))?;
+        .map_err(|_| {
+            PyValueError::new_err(format!("{name}: negative strides are not supported"))
+        })?;
     Ok(TensorArg {
         ptr: x.ptr as usize,
         dtype: dtype.into(),

@@ -171,6 +171,8 @@ pub fn readback_layout(
 
 /// The attention kernels' `AttentionParams` but the launch geometry (which the launcher
 /// fills): the tensors (their addresses and row strides read here), shapes and scalars.
+/// `part`, `status` and `splits` are the workspace's: absent when an engine supplies its
+/// own (`CudaEngine.tree_attention`); a given `status` replaces the workspace's there.
 #[derive(FromPyObject)]
 #[pyo3(from_item_all)]
 pub struct AttentionArg<'py> {
@@ -188,17 +190,124 @@ pub struct AttentionArg<'py> {
     prefix_lens: usize,
     #[pyo3(from_py_with = data_ptr)]
     ancestor_bits: usize,
-    #[pyo3(from_py_with = data_ptr)]
-    part: usize,
-    #[pyo3(from_py_with = data_ptr)]
-    status: usize,
     lse: Option<Bound<'py, PyAny>>,
+    #[pyo3(default)]
+    part: Option<Bound<'py, PyAny>>,
+    #[pyo3(default)]
+    status: Option<Bound<'py, PyAny>>,
+    #[pyo3(default)]
+    splits: Option<i32>,
     num_indices: i64,
     num_slots: i64,
     sm_scale_log2: f32,
     index64: bool,
+    f16: bool,
     shape: [i32; 8],
-    splits: i32,
+}
+
+/// The scratch a launch writes: the partial results, the per-request status, the splits.
+#[derive(Debug, Clone, Copy)]
+pub struct Scratch {
+    pub part: u64,
+    pub status: u64,
+    pub splits: i32,
+}
+
+impl AttentionArg<'_> {
+    /// The `[bs, Q, Hq, Hkv, Dqk, Dv, page_shift, words]` of the call.
+    pub fn shape(&self) -> [i32; 8] {
+        self.shape
+    }
+
+    /// The workspace scratch the call carries (the functional API), or an error naming
+    /// `workspace`.
+    fn own_scratch(&self) -> PyResult<Scratch> {
+        let (Some(part), Some(status), Some(splits)) = (&self.part, &self.status, self.splits)
+        else {
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "workspace: the call carries no attention workspace",
+            ));
+        };
+        Ok(Scratch {
+            part: data_ptr(part)? as u64,
+            status: data_ptr(status)? as u64,
+            splits,
+        })
+    }
+
+    /// The caller's `status` tensor, if it gave one.
+    pub fn status(&self) -> PyResult<Option<u64>> {
+        self.status
+            .as_ref()
+            .map(|s| data_ptr(s).map(|p| p as u64))
+            .transpose()
+    }
+
+    /// Launches the call on `stream` of `device` with `scratch`, the GIL released.
+    pub fn launch(&self, py: Python<'_>, device: usize, stream: u64, w: Scratch) -> PyResult<()> {
+        let (q, q_s0, q_s1) = rows(&self.q, "q")?;
+        let (k_new, kn_s0, kn_s1) = rows(&self.k_new, "k_new")?;
+        let (v_new, vn_s0, vn_s1) = rows(&self.v_new, "v_new")?;
+        let (k_cache, kc_s0, kc_s1) = rows(&self.k_cache, "k_cache")?;
+        let (v_cache, vc_s0, vc_s1) = rows(&self.v_cache, "v_cache")?;
+        let (out, o_s0, o_s1) = rows(&self.out, "out")?;
+        let lse = self.lse.as_ref().map_or(Ok(0), data_ptr)? as u64;
+        let [bs, q_nodes, hq, hkv, dqk, dv, page_shift, words] = self.shape;
+        let p = ddtree_cuda::attention::AttentionParams {
+            q,
+            k_new,
+            v_new,
+            k_cache,
+            v_cache,
+            kv_indptr: self.kv_indptr as u64,
+            kv_indices: self.kv_indices as u64,
+            prefix_lens: self.prefix_lens as u64,
+            ancestor_bits: self.ancestor_bits as u64,
+            out,
+            lse,
+            part: w.part,
+            status: w.status,
+            q_s0,
+            q_s1,
+            kn_s0,
+            kn_s1,
+            vn_s0,
+            vn_s1,
+            kc_s0,
+            kc_s1,
+            vc_s0,
+            vc_s1,
+            o_s0,
+            o_s1,
+            num_indices: self.num_indices,
+            num_slots: self.num_slots,
+            sm_scale_log2: self.sm_scale_log2,
+            index64: i32::from(self.index64),
+            bs,
+            q_nodes,
+            hq,
+            hkv,
+            dqk,
+            dv,
+            page_shift,
+            words,
+            splits: w.splits,
+            ..Default::default()
+        };
+        // V a view of K (MLA's absorbed form): the kernel may read the values from its K
+        // tiles.
+        let v_in_k = v_cache == k_cache
+            && (vc_s0, vc_s1) == (kc_s0, kc_s1)
+            && v_new == k_new
+            && (vn_s0, vn_s1) == (kn_s0, kn_s1);
+        let f16 = self.f16;
+        // SAFETY: the Python layer checked every tensor's shape, dtype, device and strides;
+        // the scratch is the workspace's, sized for these shapes.
+        py.detach(|| unsafe {
+            ddtree_cuda::attention::tree_attention(device, stream, p, f16, v_in_k)
+        })
+        .map_err(errors::cuda_to_py)
+    }
 }
 
 /// A row-major tensor the attention kernels read with 16-byte vector loads: its address
@@ -217,83 +326,35 @@ fn rows(t: &Bound<'_, PyAny>, name: &str) -> PyResult<(u64, i64, i64)> {
     Ok((ptr, s0, s1))
 }
 
-/// Tree verify attention on the GPU: the index check, the attention blocks and the merge.
+/// Tree verify attention on the GPU with the call's own workspace: the index check, the
+/// attention blocks and the merge.
 #[pyfunction]
 pub fn cuda_tree_attention(
     py: Python<'_>,
     device: usize,
     stream: usize,
     a: AttentionArg<'_>,
-    f16: bool,
 ) -> PyResult<()> {
-    let (q, q_s0, q_s1) = rows(&a.q, "q")?;
-    let (k_new, kn_s0, kn_s1) = rows(&a.k_new, "k_new")?;
-    let (v_new, vn_s0, vn_s1) = rows(&a.v_new, "v_new")?;
-    let (k_cache, kc_s0, kc_s1) = rows(&a.k_cache, "k_cache")?;
-    let (v_cache, vc_s0, vc_s1) = rows(&a.v_cache, "v_cache")?;
-    let (out, o_s0, o_s1) = rows(&a.out, "out")?;
-    let lse = a.lse.as_ref().map_or(Ok(0), data_ptr)? as u64;
-    let [bs, q_nodes, hq, hkv, dqk, dv, page_shift, words] = a.shape;
-    let p = ddtree_cuda::attention::AttentionParams {
-        q,
-        k_new,
-        v_new,
-        k_cache,
-        v_cache,
-        kv_indptr: a.kv_indptr as u64,
-        kv_indices: a.kv_indices as u64,
-        prefix_lens: a.prefix_lens as u64,
-        ancestor_bits: a.ancestor_bits as u64,
-        out,
-        lse,
-        part: a.part as u64,
-        status: a.status as u64,
-        q_s0,
-        q_s1,
-        kn_s0,
-        kn_s1,
-        vn_s0,
-        vn_s1,
-        kc_s0,
-        kc_s1,
-        vc_s0,
-        vc_s1,
-        o_s0,
-        o_s1,
-        num_indices: a.num_indices,
-        num_slots: a.num_slots,
-        sm_scale_log2: a.sm_scale_log2,
-        index64: i32::from(a.index64),
-        bs,
-        q_nodes,
-        hq,
-        hkv,
-        dqk,
-        dv,
-        page_shift,
-        words,
-        splits: a.splits,
-        ..Default::default()
-    };
-    // SAFETY: the Python layer checked every tensor's shape, dtype, device and strides.
-    // V a view of K (MLA's absorbed form): the kernel may read the values from its K tiles.
-    let v_in_k = v_cache == k_cache
-        && (vc_s0, vc_s1) == (kc_s0, kc_s1)
-        && v_new == k_new
-        && (vn_s0, vn_s1) == (kn_s0, kn_s1);
-    py.detach(|| unsafe {
-        ddtree_cuda::attention::tree_attention(device, stream as u64, p, f16, v_in_k)
-    })
-    .map_err(errors::cuda_to_py)
+    let w = a.own_scratch()?;
+    a.launch(py, device, stream as u64, w)
 }
 
-/// Query rows per block and value columns per block of the tile for head dim `dqk` and
-/// value dim `dv` (when `dv <= dqk`, the tile of a V that is a view of K, MLA's usual form),
-/// or None when no compiled tile holds it.
+/// The key splits per batch size (`[s(1), …, s(max_batch)]`) and the fp32 elements of the
+/// partial results of an attention workspace (`SplitPlan`), or None when no compiled tile
+/// holds `dqk` or the heads do not divide.
 #[pyfunction]
-pub fn attention_tile(dqk: usize, dv: usize) -> Option<(usize, usize)> {
-    ddtree_cuda::attention::Variant::for_head_dim(dqk, dv <= dqk)
-        .map(|(_, v)| (v.rows(), v.block_cols()))
+#[allow(clippy::too_many_arguments)]
+pub fn attention_plan(
+    max_batch: usize,
+    q_nodes: usize,
+    hq: usize,
+    hkv: usize,
+    dqk: usize,
+    dv: usize,
+    sms: usize,
+) -> Option<(Vec<usize>, usize)> {
+    ddtree_cuda::attention::SplitPlan::new(max_batch, q_nodes, (hq, hkv), (dqk, dv), sms)
+        .map(|p| (p.splits, p.part_floats))
 }
 
 /// The device table of the caches' base addresses (int64 `[n]` on `device`), which

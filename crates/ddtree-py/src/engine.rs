@@ -5,13 +5,16 @@
 
 use crate::buffers::{self, AccOut, SamplingOut, TreeOut};
 use crate::checks::Checks;
+use crate::cuda_round::{AttentionArg, Scratch};
 use crate::errors;
+use ddtree_cuda::attention::SplitPlan;
 use ddtree_cuda::engine::{Buffers, CacheTable, Engine, Limits, Round};
 use ddtree_cuda::params::ParamSource;
 use ddtree_cuda::{CudaError, Logits, ReadbackRing};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
+use std::collections::HashMap;
 
 #[pyclass(module = "ddtree._core", name = "CudaEngine")]
 pub struct CudaEngine {
@@ -20,6 +23,16 @@ pub struct CudaEngine {
     /// The registered caches (`register_caches`) and the tensor holding their address table,
     /// kept alive here.
     caches: Option<(CacheTable, Py<PyAny>)>,
+    /// The attention workspaces made by `prepare_attention`, per (Hq, Hkv, Dqk, Dv).
+    attention: HashMap<[usize; 4], Workspace>,
+}
+
+/// An attention workspace the engine owns: the split plan for its calls (up to max_batch
+/// requests of the Stepper's Q nodes) and its scratch tensors (partials, status).
+struct Workspace {
+    plan: SplitPlan,
+    part: Py<PyAny>,
+    status: Py<PyAny>,
 }
 
 /// Sampling parameters as the Stepper passes them: (temperature, top_k, top_p), each a
@@ -82,6 +95,7 @@ impl CudaEngine {
             engine: Engine::new(device, limits, bufs),
             checks: Checks::new(py, Some(device))?,
             caches: None,
+            attention: HashMap::new(),
         })
     }
 
@@ -267,6 +281,82 @@ impl CudaEngine {
         self.commit(py, readback, |e, stream| unsafe {
             e.gather_hidden(stream, src, q, row_bytes, dst)
         })
+    }
+
+    /// Makes (once per head shape) the workspace of `tree_attention` calls with `hq` query
+    /// heads over `hkv` KV heads and head dims `dqk`/`dv` on a GPU of `sms`
+    /// multiprocessors: its split plan and its scratch, allocated here through PyTorch
+    /// (so never inside a call, which may be captured). Returns the partials' fp32 size.
+    fn prepare_attention(
+        &mut self,
+        py: Python<'_>,
+        heads: (usize, usize),
+        dims: (usize, usize),
+        sms: usize,
+    ) -> PyResult<usize> {
+        let key = [heads.0, heads.1, dims.0, dims.1];
+        if let Some(w) = self.attention.get(&key) {
+            return Ok(w.plan.part_floats);
+        }
+        let limits = self.engine.planner.limits;
+        let Some(plan) = SplitPlan::new(limits.max_batch, limits.budget + 1, heads, dims, sms)
+        else {
+            return Err(PyValueError::new_err(format!(
+                "k_new: no compiled tile for {} query heads over {} KV heads of head dim {}",
+                heads.0, heads.1, dims.0
+            )));
+        };
+        let torch = py.import("torch")?;
+        let device = format!("cuda:{}", self.engine.ordinal);
+        let empty = |n: usize, dtype: &str| -> PyResult<Py<PyAny>> {
+            let kw = PyDict::new(py);
+            kw.set_item("dtype", torch.getattr(dtype)?)?;
+            kw.set_item("device", &device)?;
+            Ok(torch.call_method("empty", (n,), Some(&kw))?.unbind())
+        };
+        let part_floats = plan.part_floats;
+        let w = Workspace {
+            part: empty(part_floats.max(1), "float32")?,
+            status: empty(limits.max_batch, "int32")?,
+            plan,
+        };
+        self.attention.insert(key, w);
+        Ok(part_floats)
+    }
+
+    /// Tree verify attention for the last step's tree with this engine's workspace of the
+    /// call's head shape (`prepare_attention` first), on the current stream. `arg` is the
+    /// checked call (`_attention.launch_arg`): its `status`, when given, receives the
+    /// per-request codes instead of the workspace's.
+    fn tree_attention(&self, py: Python<'_>, arg: AttentionArg<'_>) -> PyResult<()> {
+        let [bs, _, hq, hkv, dqk, dv, _, _] = arg.shape().map(|x| x as usize);
+        let Some(w) = self.attention.get(&[hq, hkv, dqk, dv]) else {
+            return Err(pyo3::exceptions::PyRuntimeError::new_err(format!(
+                "Stepper.tree_attention: no workspace for (hq, hkv, dqk, dv) = ({hq}, {hkv}, \
+                 {dqk}, {dv}); call attention_workspace() first (outside a capture)"
+            )));
+        };
+        let scratch = Scratch {
+            part: buffers::data_ptr(w.part.bind(py))? as u64,
+            status: match arg.status()? {
+                Some(s) => s,
+                None => buffers::data_ptr(w.status.bind(py))? as u64,
+            },
+            splits: w.plan.splits_for(bs) as i32,
+        };
+        let stream = self.stream(py)?;
+        arg.launch(py, self.engine.ordinal, stream, scratch)
+    }
+
+    /// The workspaces' scratch tensors (partials, status) per head shape, for tests.
+    fn attention_workspaces<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> Vec<([usize; 4], Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+        self.attention
+            .iter()
+            .map(|(k, w)| (*k, w.part.bind(py).clone(), w.status.bind(py).clone()))
+            .collect()
     }
 }
 

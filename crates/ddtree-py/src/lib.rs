@@ -149,7 +149,7 @@ fn accept_greedy(
     }
 }
 
-fn accept_greedy_as<T: Element>(
+pub(crate) fn accept_greedy_as<T: Element>(
     py: Python<'_>,
     target: &TensorArg,
     (tree, acc): (&Links, &AccOut),
@@ -177,20 +177,7 @@ fn accept_sampled(
     seed: u64,
 ) -> PyResult<()> {
     // SAFETY: live, checked tensors (tensor.rs).
-    let params: Vec<SamplingParams> = unsafe {
-        let (t, k, p) = (
-            slice::<f64>(temperature, tree.bs()),
-            slice::<i64>(top_k, tree.bs()),
-            slice::<f64>(top_p, tree.bs()),
-        );
-        (0..tree.bs())
-            .map(|b| SamplingParams {
-                temperature: t[b],
-                top_k: k[b].max(0) as usize,
-                top_p: p[b],
-            })
-            .collect()
-    };
+    let params = unsafe { sampling_params((temperature, top_k, top_p), tree.bs()) };
     let args = (&tree, &acc);
     match target_logits.logits_dtype("target_logits")? {
         LogitsDtype::F32 => accept_sampled_as::<f32>(py, &target_logits, args, &params, seed),
@@ -199,7 +186,30 @@ fn accept_sampled(
     }
 }
 
-fn accept_sampled_as<T: Element>(
+/// Per-request sampling parameters from `[bs]` float64 temperature, int64 top_k and
+/// float64 top_p (top_k ≤ 0: no cap).
+///
+/// # Safety
+/// The addresses must be live CPU tensors of those dtypes and `bs` elements.
+pub(crate) unsafe fn sampling_params(
+    (temperature, top_k, top_p): (usize, usize, usize),
+    bs: usize,
+) -> Vec<SamplingParams> {
+    let (t, k, p) = (
+        slice::<f64>(temperature, bs),
+        slice::<i64>(top_k, bs),
+        slice::<f64>(top_p, bs),
+    );
+    (0..bs)
+        .map(|b| SamplingParams {
+            temperature: t[b],
+            top_k: k[b].max(0) as usize,
+            top_p: p[b],
+        })
+        .collect()
+}
+
+pub(crate) fn accept_sampled_as<T: Element>(
     py: Python<'_>,
     target: &TensorArg,
     (tree, acc): (&Links, &AccOut),
@@ -292,7 +302,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cuda_round::readback_layout, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_round::readback_newest, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_round::cuda_tree_attention, m)?)?;
-    m.add_function(wrap_pyfunction!(cuda_round::attention_tile, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_round::attention_plan, m)?)?;
     m.add("CUDA_MAX_BUDGET", ddtree_cuda::launch::MAX_BUDGET)?;
     m.add("CUDA_MAX_K", ddtree_cuda::launch::MAX_K)?;
     m.add("CUDA_MAX_DEPTH", ddtree_cuda::launch::MAX_DEPTH)?;
