@@ -401,3 +401,46 @@ def test_eager_accepts_replay_graphs_equal_to_plain_launches():
     a, b = graph.readback(wait=True), plain.readback(wait=True)
     assert a["round"] == b["round"] and torch.equal(a["accepted_tokens"], b["accepted_tokens"])
     assert plain._engine.graphs == 0 and graph._engine.graphs > 2
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"temperature": "hot"},
+        {"temperature": True},
+        {"temperature": -1.0},
+        {"temperature": float("nan")},
+        {"temperature": 0.9, "top_k": 2.5},
+        {"temperature": 0.9, "top_k": -3},
+        {"temperature": 0.9, "top_p": 0.0},
+        {"temperature": 0.9, "top_p": 1.5},
+        {"temperature": None, "top_p": 1.5},  # checked even when greedy, as on the CPU
+    ],
+    ids=repr,
+)
+def test_bad_scalar_sampling_raises_what_the_cpu_stepper_raises(kwargs):
+    # The engine checks numbers in Rust; the CPU Stepper in Python: the same words, and
+    # neither draws a seed from the generator or writes the sampling state.
+    s = steppers()
+    trees = {dev: s[dev].step(*inputs(dev, seed=9)) for dev in s}
+    target = torch.randn(BS, trees["cuda"].width, V)
+    cuda = s["cuda"]
+    before = [cuda._sampling.rng.clone(), cuda._sampling.temperature.clone()]
+    gen = torch.Generator().manual_seed(1)
+    state = gen.get_state()
+    got = outcome(lambda: cuda.accept(target.cuda(), **kwargs, generator=gen))
+    assert got is not None and got == outcome(lambda: s["cpu"].accept(target, **kwargs)), got
+    assert torch.equal(gen.get_state(), state)
+    torch.cuda.synchronize()
+    assert same(before, [cuda._sampling.rng, cuda._sampling.temperature])
+
+
+def test_a_huge_scalar_top_k_is_off_on_both_paths():
+    s = steppers()
+    trees = {dev: s[dev].step(*inputs(dev, seed=10)) for dev in s}
+    target = torch.randn(BS, trees["cuda"].width, V) * 3
+    for dev in s:
+        t = target.to(dev)
+        got = s[dev].accept(t, 2.0, 2**70, generator=5).accepted_tokens.clone()
+        want = s[dev].accept(t, 2.0, None, generator=5).accepted_tokens
+        assert torch.equal(got, want), dev

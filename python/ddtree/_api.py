@@ -132,6 +132,10 @@ def _per_request(name: str, value, bs: int, dtype, default, kind) -> torch.Tenso
         return value.detach().to(device="cpu", dtype=dtype).contiguous()
     if isinstance(value, bool) or not isinstance(value, kind):
         raise TypeError(f"{name}: expected None, a number or a tensor, got {type(value).__name__}")
+    if name == "top_k":  # as on CUDA: a negative number is refused, a huge one is off
+        if value < 0:
+            raise ValueError("top_k: must be ≥ 0 (0 = off)")
+        value = min(int(value), 2**63 - 1)
     return torch.full((bs,), value, dtype=dtype)
 
 

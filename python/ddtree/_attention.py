@@ -59,14 +59,14 @@ class AttentionWorkspace:
     the per-request index status and the key splits' partial results. Made once (it
     allocates); a call given it allocates nothing, so it may be captured in a CUDA graph.
 
-    The key range of a request is split across ``splits(bs)`` blocks when the batch alone
-    would not give the GPU two blocks per SM (flash-decoding); the count depends only on the
-    shapes, so replays of a captured call keep their geometry."""
+    The key range of a request is split across ``splits(bs)`` blocks (flash-decoding) so
+    that the blocks fill whole waves of what the GPU holds at once (the Rust crate's
+    ``SplitPlan``); the count depends only on the shapes, so replays of a captured call keep
+    their geometry."""
 
     def __init__(self, device, *, max_batch, q_nodes, hq, hkv, dqk, dv):
         self.device = _validate.concrete_device(torch.device(device))
-        sms = torch.cuda.get_device_properties(self.device).multi_processor_count
-        plan = _core.attention_plan(max_batch, q_nodes, hq, hkv, dqk, dv, sms)
+        plan = _core.attention_plan(self.device.index, max_batch, q_nodes, hq, hkv, dqk, dv)
         if plan is None:
             raise ValueError(
                 f"dqk: no compiled tile for {hq} query heads over {hkv} KV heads of head dim {dqk}"

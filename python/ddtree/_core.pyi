@@ -139,11 +139,12 @@ def cuda_tree_attention(
     device: int, stream: int, a: dict[str, object]
 ) -> None: ...  # a: _attention.launch_arg's dict plus the workspace's part, status, splits
 def attention_plan(
-    max_batch: int, q_nodes: int, hq: int, hkv: int, dqk: int, dv: int, sms: int
+    device: int, max_batch: int, q_nodes: int, hq: int, hkv: int, dqk: int, dv: int
 ) -> tuple[list[int], int] | None: ...  # (splits per bs = 1..max_batch, part floats)
 
-# (temperature, top_k, top_p): each a checked number or a [bs] float/int tensor.
-SamplingParams = tuple[float | Tensor, int | Tensor, float | Tensor]
+# (temperature, top_k, top_p): each None, a number or a [bs] float/int tensor (checked by
+# the engine).
+SamplingParams = tuple[float | Tensor | None, int | Tensor | None, float | Tensor | None]
 
 class CudaEngine:
     """The Rust round engine behind a CUDA Stepper (crates/ddtree-py/src/engine.rs)."""
@@ -165,7 +166,6 @@ class CudaEngine:
     def accept(
         self,
         target_logits: Tensor,
-        sampled: bool,
         readback: bool,
         params: SamplingParams | None = None,
         seed: int | None = None,
@@ -181,7 +181,7 @@ class CudaEngine:
     def compact_kv(self, out_cache_loc: Tensor, readback: bool) -> None: ...
     def gather_hidden(self, hidden: Tensor, out: Tensor, readback: bool) -> None: ...
     def prepare_attention(
-        self, heads: tuple[int, int], dims: tuple[int, int], sms: int
+        self, heads: tuple[int, int], dims: tuple[int, int]
     ) -> int: ...  # (hq, hkv), (dqk, dv); returns the partials' fp32 size
     def tree_attention(self, arg: dict[str, object]) -> None: ...  # _attention.launch_arg
     def attention_workspaces(

@@ -35,6 +35,15 @@ def _check_scalar(name: str, value, kind) -> None:
         raise ValueError("top_k: must be ≥ 0 (0 = off)")
 
 
+def is_greedy_number(temperature) -> bool:
+    """True for None or a plain number 0 (no check: the engine checks the value)."""
+    return temperature is None or (
+        isinstance(temperature, (int, float))
+        and not isinstance(temperature, bool)
+        and temperature == 0
+    )
+
+
 def is_greedy(temperature) -> bool:
     """True when no request samples: temperature None or a scalar 0 (a tensor may hold
     any mix, so it always takes the sampling kernel, which is greedy where it is 0)."""
@@ -85,20 +94,3 @@ class SamplingState:
                 part.copy_(value)
             else:
                 part.fill_(off if value is None else value)
-
-
-def params_of(temperature, top_k, top_p) -> tuple:
-    """The engine's (temperature, top_k, top_p): each tensor as given (the engine checks
-    its shape, device and dtype), each scalar checked and as the kernel stores it (None:
-    off; a top_k beyond int32 is off like any k ≥ V)."""
-    values = (temperature, top_k, top_p)
-    out = []
-    for (name, kind, off), value in zip(PARAMS, values, strict=True):
-        if isinstance(value, torch.Tensor):
-            out.append(value)
-            continue
-        if value is not None:
-            _check_scalar(name, value, kind)
-        v = off if value is None else value
-        out.append(min(int(v), 2**31 - 1) if name == "top_k" else float(v))
-    return tuple(out)

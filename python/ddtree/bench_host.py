@@ -72,7 +72,7 @@ def measure(bs: int, budget: int, depth: int, vocab: int, calls: int, repeats: i
                 "engine.check_target (reads + checks, no launch)",
                 lambda: engine.check_target(target),
             ),  # fmt: skip
-            ("engine.accept greedy, no readback", lambda: engine.accept(target, False, False)),
+            ("engine.accept greedy, no readback", lambda: engine.accept(target, False)),
             ("engine.publish (readback launch)", engine.publish),
         ]
     rows = [(name, per_call_us(fn, calls, repeats)) for name, fn in cases]

@@ -195,18 +195,19 @@ class Stepper:
         return acc
 
     def _accept_cuda(self, target_logits, temperature, top_k, top_p, generator, readback):
-        """One engine call: greedy, or sampling whose parameters (numbers checked here, or
-        ``[bs]`` tensors the engine checks) the accept's own graph loads first."""
-        if _sampling.is_greedy(temperature):
-            self._engine.accept(target_logits, False, readback)
+        """One engine call: it checks the target and each parameter (None, a number or a
+        ``[bs]`` tensor) and runs greedy when temperature is None or 0, else loads them in
+        the accept's own graph."""
+        params = (temperature, top_k, top_p)
+        if generator is None or _sampling.is_greedy_number(temperature):
+            self._engine.accept(target_logits, readback, params)
             return
-        params = _sampling.params_of(temperature, top_k, top_p)
         # Every argument is checked before anything changes: drawing a seed from a
         # torch.Generator advances it.
         if isinstance(generator, torch.Generator):
             self._engine.check_target(target_logits, params)
-        seed = None if generator is None else _api.seed_of(generator) & _sampling.SEED_MASK
-        self._engine.accept(target_logits, True, readback, params, seed)
+        seed = _api.seed_of(generator) & _sampling.SEED_MASK
+        self._engine.accept(target_logits, readback, params, seed)
 
     def _publish(self, acc: Acceptance, readback: bool) -> None:
         if not readback:
@@ -375,10 +376,8 @@ class Stepper:
         self._check_open()
         heads = [_validate.positive_int(n, v) for n, v in (("hq", hq), ("hkv", hkv))]
         dims = [_validate.positive_int(n, v) for n, v in (("dqk", dqk), ("dv", dv))]
-        if self.device.type != "cuda":
-            return
-        sms = torch.cuda.get_device_properties(self.device).multi_processor_count
-        self._engine.prepare_attention(tuple(heads), tuple(dims), sms)
+        if self.device.type == "cuda":
+            self._engine.prepare_attention(tuple(heads), tuple(dims))
 
     def tree_attention(
         self,

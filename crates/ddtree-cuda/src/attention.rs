@@ -5,7 +5,7 @@
 
 use crate::device::enter_device;
 use crate::{launch, CudaError, Params};
-use cudarc::driver::sys::CUstream;
+use cudarc::driver::sys::{self, CUstream};
 
 /// The kernels' argument struct, field for field (`AttentionParams` in attention.cuh, whose
 /// static_asserts hold the same size and offsets as this crate's tests).
@@ -165,18 +165,34 @@ pub struct SplitPlan {
 /// Most key splits per request: past this the merge's cost outgrows the gain.
 pub const MAX_SPLITS: usize = 32;
 
+/// The split count for `blocks` blocks of equal work per split on a GPU that holds
+/// `resident` blocks at once. The run time goes as the waves the blocks take (a last,
+/// partial wave costs a whole one) times each block's share of the keys (1 / splits); every
+/// split also costs a block's fixed work (its query rows, its partial results, the merge),
+/// so the fewest splits within 5 % of the best time win. 64 blocks on 264 slots split in 4
+/// (one full wave), not 5 (a second wave of 56 blocks: 1.6x the time).
+pub fn splits_for(blocks: usize, resident: usize) -> usize {
+    let (blocks, resident) = (blocks.max(1), resident.max(1));
+    let cost = |s: usize| (blocks * s).div_ceil(resident) as f64 / s as f64;
+    let best = (1..=MAX_SPLITS).map(cost).fold(f64::INFINITY, f64::min);
+    (1..=MAX_SPLITS)
+        .find(|&s| cost(s) <= 1.05 * best)
+        .unwrap_or(1)
+}
+
 impl SplitPlan {
     /// The plan for `max_batch` requests of a tree of `q_nodes` nodes, `hq` query heads
-    /// over `hkv` KV heads, head dims `dqk`/`dv`, on a GPU of `sms` multiprocessors: enough
-    /// blocks for two per SM. `None` when no compiled tile holds `dqk`. The tile is the one
-    /// a call whose V is a view of K takes when `dv <= dqk` (MLA's usual form); a call that
-    /// takes the other tile of that size runs with the same splits, which `part` holds.
+    /// over `hkv` KV heads, head dims `dqk`/`dv`, on a GPU that holds `resident` attention
+    /// blocks at once (`resident_blocks`). `None` when no compiled tile holds `dqk` or the
+    /// heads do not divide. The tile is the one a call whose V is a view of K takes when
+    /// `dv <= dqk` (MLA's usual form); a call that takes the other tile of that size runs
+    /// with the same splits, which `part` holds.
     pub fn new(
         max_batch: usize,
         q_nodes: usize,
         heads: (usize, usize),
         dims: (usize, usize),
-        sms: usize,
+        resident: usize,
     ) -> Option<Self> {
         let ((hq, hkv), (dqk, dv)) = (heads, dims);
         if hkv == 0 || hq % hkv != 0 || max_batch == 0 {
@@ -184,9 +200,9 @@ impl SplitPlan {
         }
         let (_, v) = Variant::for_head_dim(dqk, dv <= dqk)?;
         let (row_tiles, dv_chunks) = geometry(&v, q_nodes, hq / hkv, dv);
-        let per_request = (hkv * row_tiles * dv_chunks).max(1);
+        let per_request = hkv * row_tiles * dv_chunks;
         let splits: Vec<usize> = (1..=max_batch)
-            .map(|bs| (2 * sms).div_ceil(bs * per_request).clamp(1, MAX_SPLITS))
+            .map(|bs| splits_for(bs * per_request, resident))
             .collect();
         let most = splits
             .iter()
@@ -210,6 +226,31 @@ impl SplitPlan {
     pub fn splits_for(&self, bs: usize) -> usize {
         self.splits[bs - 1]
     }
+}
+
+/// The attention blocks of the tile for `dqk`/`dv` (as `SplitPlan` picks it) that device
+/// `ordinal` holds at once: its multiprocessors times the blocks of that kernel one keeps
+/// resident, by the driver's occupancy for the kernel's threads, registers and shared
+/// memory. `None` when no compiled tile holds `dqk`.
+pub fn resident_blocks(ordinal: usize, dqk: usize, dv: usize) -> Result<Option<usize>, CudaError> {
+    let Some((index, v)) = Variant::for_head_dim(dqk, dv <= dqk) else {
+        return Ok(None);
+    };
+    let (dev, _ctx) = enter_device(ordinal)?;
+    let sms = dev
+        .ctx
+        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .map_err(|e| CudaError::driver("cuDeviceGetAttribute", e))?;
+    // SAFETY: a loaded kernel of this device, its context current.
+    let per_sm = unsafe {
+        cudarc::driver::result::occupancy::max_active_block_per_multiprocessor(
+            dev.attention[index],
+            (32 * v.warps) as i32,
+            v.smem_bytes(2),
+        )
+    }
+    .map_err(|e| CudaError::driver("cuOccupancyMaxActiveBlocksPerMultiprocessor", e))?;
+    Ok(Some((sms.max(1) * per_sm.max(1)) as usize))
 }
 
 /// Launches the check, the attention blocks and (with `p.splits` > 1) the merge on
@@ -335,21 +376,39 @@ mod tests {
     }
 
     #[test]
-    fn a_split_plan_fills_the_gpu_and_sizes_the_partials_for_its_largest_need() {
-        // MLA Hq=8, Q=256, on 132 SMs: 64 row tiles * 1 chunk per request already
-        // give 64 blocks, so bs=1 splits in 5, bs=3 in 2, bs >= 5 not at all.
-        let p = SplitPlan::new(8, 256, (8, 1), (576, 512), 132).unwrap();
-        assert_eq!(&p.splits[..6], &[5, 3, 2, 2, 1, 1]);
-        assert_eq!(p.part_floats, 8 * 256 * 8 * 514); // bs=4 * 2 splits = 8 partial sets
-                                                      // A small GQA call splits up to the cap, and never below one.
-        let p = SplitPlan::new(2, 16, (3, 3), (64, 64), 132).unwrap();
-        assert_eq!(p.splits, vec![MAX_SPLITS, MAX_SPLITS]);
-        assert_eq!(p.part_floats, 2 * MAX_SPLITS * 16 * 3 * 66);
+    fn splits_fill_whole_waves_with_the_fewest_splits() {
+        assert_eq!(splits_for(64, 264), 4); // 256 blocks: one wave (5 would take two)
+        assert_eq!(splits_for(320, 264), 4); // 5 waves of a quarter of the keys each
+        assert_eq!(splits_for(192, 264), 4); // 3 waves (2 splits would take 2 of a half)
+        assert_eq!(splits_for(1024, 264), 1); // 3.9 waves: splitting gains nothing
+        assert_eq!(splits_for(264, 264), 1);
+        assert!((30..=MAX_SPLITS).contains(&splits_for(1, 264))); // near the cap
+        let cost = |b: usize, s: usize| (b * s).div_ceil(264) as f64 / s as f64;
+        for b in 1..2000 {
+            let s = splits_for(b, 264);
+            let best = (1..=MAX_SPLITS)
+                .map(|t| cost(b, t))
+                .fold(f64::INFINITY, f64::min);
+            assert!(cost(b, s) <= 1.05 * best, "{b} blocks: {s} splits");
+            assert!(
+                (1..s).all(|t| cost(b, t) > 1.05 * best),
+                "{b}: fewer would do"
+            );
+        }
+    }
+
+    #[test]
+    fn a_split_plan_sizes_the_partials_for_its_largest_need() {
+        // MLA Hq=8, Q=256 (64 row tiles of one value chunk per request) on 264 slots.
+        let p = SplitPlan::new(8, 256, (8, 1), (576, 512), 264).unwrap();
+        assert_eq!(&p.splits[..4], &[4, 2, 4, 1]);
+        let most = (1..=8).map(|bs| bs * p.splits_for(bs)).max().unwrap();
+        assert_eq!(p.part_floats, most * 256 * 8 * 514);
         // Enough blocks without splitting: no scratch at all.
         let p = SplitPlan::new(4, 256, (32, 8), (128, 128), 16).unwrap();
         assert_eq!((p.splits.clone(), p.part_floats), (vec![1; 4], 0));
-        assert!(SplitPlan::new(4, 16, (3, 2), (64, 64), 132).is_none());
-        assert!(SplitPlan::new(4, 16, (8, 1), (1024, 512), 132).is_none());
+        assert!(SplitPlan::new(4, 16, (3, 2), (64, 64), 264).is_none());
+        assert!(SplitPlan::new(4, 16, (8, 1), (1024, 512), 264).is_none());
     }
 
     #[test]

@@ -78,6 +78,12 @@ impl ParamSource {
             ..Self::default()
         }
     }
+
+    /// A temperature that makes every request greedy: the number 0 (a tensor may hold any
+    /// mix, so it always takes the sampling kernel, greedy where it is 0).
+    pub fn is_greedy(&self) -> bool {
+        self.ptr == 0 && self.scalar == 0.0
+    }
 }
 
 /// The Stepper's eager sampled accept: per-request parameters (scalars or the caller's

@@ -216,9 +216,10 @@ impl Checks {
         Ok((m.ptr, None))
     }
 
-    /// One per-request sampling parameter: a number the Python layer has checked, or a
-    /// `[bs]` tensor on this device of a float or integer dtype (its values are the
-    /// kernel's to judge: checking them here would sync). The Python path's messages.
+    /// One per-request sampling parameter: None (off), a number (checked here by the
+    /// rules `scalar_param` states), or a `[bs]` tensor on this device of a float or
+    /// integer dtype (its values are the kernel's to judge: checking them here would sync).
+    /// The Python path's messages.
     pub fn param_source(
         &self,
         x: &Bound<'_, PyAny>,
@@ -226,7 +227,7 @@ impl Checks {
         bs: usize,
     ) -> PyResult<ParamSource> {
         if !x.is_instance(self.torch.tensor.bind(x.py()))? {
-            return Ok(ParamSource::scalar(x.extract()?));
+            return scalar_param(x, name).map(ParamSource::scalar);
         }
         let shape: Vec<usize> = x.getattr("shape")?.extract()?;
         if shape != [bs] {
@@ -345,6 +346,52 @@ impl Checks {
             )));
         }
         contiguous_ptr(w, name)
+    }
+}
+
+/// A scalar sampling parameter as the kernel stores it: None is off (temperature 0, top_k
+/// 0, top_p 1); a bool or a non-number is a `TypeError`; temperature must be finite and
+/// ≥ 0, top_k an integer ≥ 0 (beyond int32 it is off, like any k ≥ V), top_p in (0, 1].
+fn scalar_param(x: &Bound<'_, PyAny>, name: &str) -> PyResult<f64> {
+    let off = match name {
+        "top_p" => 1.0,
+        _ => 0.0,
+    };
+    if x.is_none() {
+        return Ok(off);
+    }
+    let kind =
+        x.py()
+            .import("numbers")?
+            .getattr(if name == "top_k" { "Integral" } else { "Real" })?;
+    if x.is_instance_of::<pyo3::types::PyBool>() || !x.is_instance(&kind)? {
+        let ty = x.get_type().name()?;
+        return Err(PyTypeError::new_err(format!(
+            "{name}: expected None, a number or a tensor, got {ty}"
+        )));
+    }
+    match name {
+        "top_k" => {
+            if x.lt(0)? {
+                return Err(PyValueError::new_err("top_k: must be ≥ 0 (0 = off)"));
+            }
+            let k = x.extract::<i64>().unwrap_or(i64::MAX); // past i64: far past int32
+            Ok(k.min(i64::from(i32::MAX)) as f64)
+        }
+        "temperature" => {
+            let t: f64 = x.extract()?;
+            if !(t.is_finite() && t >= 0.0) {
+                return Err(PyValueError::new_err("temperature: must be finite and ≥ 0"));
+            }
+            Ok(t)
+        }
+        _ => {
+            let p: f64 = x.extract()?;
+            if !(p > 0.0 && p <= 1.0) {
+                return Err(PyValueError::new_err("top_p: must be in (0, 1]"));
+            }
+            Ok(p)
+        }
     }
 }
 

@@ -340,21 +340,38 @@ pub fn cuda_tree_attention(
 }
 
 /// The key splits per batch size (`[s(1), …, s(max_batch)]`) and the fp32 elements of the
-/// partial results of an attention workspace (`SplitPlan`), or None when no compiled tile
-/// holds `dqk` or the heads do not divide.
+/// partial results of an attention workspace on CUDA device `device` (`SplitPlan`, for the
+/// blocks that device holds at once), or None when no compiled tile holds `dqk` or the
+/// heads do not divide.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 pub fn attention_plan(
+    device: usize,
     max_batch: usize,
     q_nodes: usize,
     hq: usize,
     hkv: usize,
     dqk: usize,
     dv: usize,
-    sms: usize,
-) -> Option<(Vec<usize>, usize)> {
-    ddtree_cuda::attention::SplitPlan::new(max_batch, q_nodes, (hq, hkv), (dqk, dv), sms)
-        .map(|p| (p.splits, p.part_floats))
+) -> PyResult<Option<(Vec<usize>, usize)>> {
+    Ok(
+        split_plan(device, max_batch, q_nodes, (hq, hkv), (dqk, dv))?
+            .map(|p| (p.splits, p.part_floats)),
+    )
+}
+
+/// `SplitPlan::new` for the blocks device `device` holds at once.
+pub fn split_plan(
+    device: usize,
+    max_batch: usize,
+    q_nodes: usize,
+    heads: (usize, usize),
+    dims: (usize, usize),
+) -> PyResult<Option<ddtree_cuda::attention::SplitPlan>> {
+    let resident = ddtree_cuda::attention::resident_blocks(device, dims.0, dims.1)
+        .map_err(errors::cuda_to_py)?;
+    Ok(resident
+        .and_then(|r| ddtree_cuda::attention::SplitPlan::new(max_batch, q_nodes, heads, dims, r)))
 }
 
 /// The device table of the caches' base addresses (int64 `[n]` on `device`), which

@@ -5,9 +5,8 @@
 
 use crate::buffers::{self, AccOut, SamplingOut, TreeOut};
 use crate::checks::Checks;
-use crate::cuda_round::{AttentionArg, Scratch};
+use crate::cuda_round::{split_plan, AttentionArg, Scratch};
 use crate::errors;
-use ddtree_cuda::attention::SplitPlan;
 use ddtree_cuda::engine::{Buffers, CacheTable, Engine, Limits, Round};
 use ddtree_cuda::params::ParamSource;
 use ddtree_cuda::{CudaError, Logits, ReadbackRing};
@@ -30,7 +29,7 @@ pub struct CudaEngine {
 /// An attention workspace the engine owns: the split plan for its calls (up to max_batch
 /// requests of the Stepper's Q nodes) and its scratch tensors (partials, status).
 struct Workspace {
-    plan: SplitPlan,
+    plan: ddtree_cuda::attention::SplitPlan,
     part: Py<PyAny>,
     status: Py<PyAny>,
 }
@@ -123,31 +122,32 @@ impl CudaEngine {
         round_key(py, r)
     }
 
-    /// SPEC stage 4 for the last step's tree: greedy, or (`sampled`) from the per-request
-    /// parameters of the Stepper's sampling state — written first, in the same graph, when
-    /// `params` (temperature, top_k, top_p: each a checked number or a `[bs]` tensor, read
-    /// by the device when the graph runs) or `seed` are given; `readback` publishes it.
-    /// Every argument is checked, target first, before anything is launched. Returns the
-    /// round's (bs, depth, K, V).
-    #[pyo3(signature = (target_logits, sampled, readback, params=None, seed=None))]
+    /// SPEC stage 4 for the last step's tree: greedy when `params` is None or its
+    /// temperature is None or the number 0; else sampled from the per-request parameters
+    /// (temperature, top_k, top_p: each None, a number or a `[bs]` tensor, read by the
+    /// device when the graph runs), written first in the same graph, with a new `seed` if
+    /// given (else the sampling state's generator runs on). `readback` publishes it. Every
+    /// argument is checked, target first, before anything is launched. Returns the round's
+    /// (bs, depth, K, V).
+    #[pyo3(signature = (target_logits, readback, params=None, seed=None))]
     fn accept<'py>(
         &mut self,
         py: Python<'py>,
         target_logits: &Bound<'py, PyAny>,
-        sampled: bool,
         readback: bool,
         params: Option<Params<'py>>,
         seed: Option<i64>,
     ) -> PyResult<Bound<'py, PyTuple>> {
         let (t, sources) = self.check_accept(target_logits, params.as_ref())?;
-        let load = if sources.is_some() || seed.is_some() {
-            Some(
+        let sources = sources.filter(|[temperature, _, _]| !temperature.is_greedy());
+        let sampled = sources.is_some();
+        let load = match sources {
+            Some(s) => Some(
                 self.engine
-                    .sampling_load(sources, seed)
+                    .sampling_load(Some(s), seed)
                     .map_err(errors::cuda_to_py)?,
-            )
-        } else {
-            None
+            ),
+            None => None,
         };
         let stream = self.stream(py)?;
         // SAFETY: checked live device logits of the last tree's shape, and parameter
@@ -283,23 +283,23 @@ impl CudaEngine {
         })
     }
 
-    /// Makes (once per head shape) the workspace of `tree_attention` calls with `hq` query
-    /// heads over `hkv` KV heads and head dims `dqk`/`dv` on a GPU of `sms`
-    /// multiprocessors: its split plan and its scratch, allocated here through PyTorch
-    /// (so never inside a call, which may be captured). Returns the partials' fp32 size.
+    /// Makes (once per head shape) the workspace of `tree_attention` calls with `heads`
+    /// (Hq, Hkv) and head dims `dims` (Dqk, Dv): its split plan for this GPU and its
+    /// scratch, allocated here through PyTorch (so never inside a call, which may be
+    /// captured). Returns the partials' fp32 size.
     fn prepare_attention(
         &mut self,
         py: Python<'_>,
         heads: (usize, usize),
         dims: (usize, usize),
-        sms: usize,
     ) -> PyResult<usize> {
         let key = [heads.0, heads.1, dims.0, dims.1];
         if let Some(w) = self.attention.get(&key) {
             return Ok(w.plan.part_floats);
         }
         let limits = self.engine.planner.limits;
-        let Some(plan) = SplitPlan::new(limits.max_batch, limits.budget + 1, heads, dims, sms)
+        let ordinal = self.engine.ordinal;
+        let Some(plan) = split_plan(ordinal, limits.max_batch, limits.budget + 1, heads, dims)?
         else {
             return Err(PyValueError::new_err(format!(
                 "k_new: no compiled tile for {} query heads over {} KV heads of head dim {}",

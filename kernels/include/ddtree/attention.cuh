@@ -196,7 +196,6 @@ __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
   constexpr int BM = Tile::BM, QS = Tile::QS, VS = Tile::VS, NT = KT / 8, DVB = Tile::DVB;
   constexpr int VT = DVC / 8;  // value column tiles of a warp
   constexpr int KC = D / 8, VC = VK ? 0 : DVB / 8;  // 16-byte chunks of a K row, a V row
-  constexpr int VCd = VC > 0 ? VC : 1;              // (a divisor when VC is 0)
   T* qs = reinterpret_cast<T*>(smem);
   T* kbuf = qs + BM * QS;                    // [kStages][KT][QS]
   T* vbuf = kbuf + Tile::kStages * KT * QS;  // [kStages][KT][VS] (unused with VK)
@@ -221,28 +220,38 @@ __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
   const int rw = warp % Tile::RW, wcol = (warp / Tile::RW) * DVC;  // rows, columns of the warp
   const int gr = lane >> 2, gc = lane & 3;  // fragment row group and column pair
 
-  // Issues the loads of the tile at key kt into stage `st`: thread i takes 16-byte chunks
-  // i, i + threads, ... of the tile's K rows, then of its V rows (none with VK).
+  // Issues the loads of the tile at key kt into stage `st`. Each key of the tile has TPK
+  // threads: they find its row once (a page-table read for a prefix key) and copy its K
+  // (then V) row in 16-byte chunks, neighbours taking neighbouring chunks (coalesced).
+  constexpr int TPK = Tile::kThreads / KT;
+  static_assert(Tile::kThreads % KT == 0 && KC % TPK == 0 && VC % TPK == 0,
+                "a tile's keys split evenly over the threads, and their rows over a key's");
+  const int my_key = threadIdx.x / TPK, my_part = threadIdx.x % TPK;
   auto issue = [&](long long kt, int st) {
-    T* ks = kbuf + st * KT * QS;
-    T* vs = vbuf + st * KT * VS;
-    for (int i = threadIdx.x; i < KT * (KC + VC); i += Tile::kThreads) {
-      const bool is_k = i < KT * KC;
-      const int j = is_k ? i : i - KT * KC;
-      const int key = is_k ? j / KC : j / VCd, c = (is_k ? j % KC : j % VCd) * 8;
-      const long long t = kt + key;
-      const T* src = is_k ? k_new : v_new;
-      bool valid = t < k_end && (is_k ? c < p.dqk : c < dv_here);
-      if (valid && t < prefix) {
-        const long long slot = prefix_slot(p, start, t);
-        src = is_k ? k_cache + slot * p.kc_s0 + g * p.kc_s1 + c
-                   : v_cache + slot * p.vc_s0 + g * p.vc_s1 + col0 + c;
-      } else if (valid) {
-        const long long row = static_cast<long long>(b) * p.q_nodes + (t - prefix);
-        src = is_k ? k_new + row * p.kn_s0 + g * p.kn_s1 + c
-                   : v_new + row * p.vn_s0 + g * p.vn_s1 + col0 + c;
-      }
-      cp_async16(is_k ? ks + key * QS + c : vs + key * VS + c, src, valid);
+    T* ks = kbuf + (st * KT + my_key) * QS;
+    T* vs = vbuf + (st * KT + my_key) * VS;
+    const long long t = kt + my_key;
+    const bool valid = t < k_end;
+    const T* krow = k_new;  // never read when !valid (a zero-size copy fills zeros)
+    const T* vrow = v_new;
+    if (valid && t < prefix) {
+      const long long slot = prefix_slot(p, start, t);
+      krow = k_cache + slot * p.kc_s0 + g * p.kc_s1;
+      vrow = v_cache + slot * p.vc_s0 + g * p.vc_s1 + col0;
+    } else if (valid) {
+      const long long row = static_cast<long long>(b) * p.q_nodes + (t - prefix);
+      krow = k_new + row * p.kn_s0 + g * p.kn_s1;
+      vrow = v_new + row * p.vn_s0 + g * p.vn_s1 + col0;
+    }
+#pragma unroll
+    for (int i = 0; i < KC / TPK; ++i) {
+      const int c = (my_part + i * TPK) * 8;
+      cp_async16(ks + c, krow + c, valid && c < p.dqk);
+    }
+#pragma unroll
+    for (int i = 0; i < VC / TPK; ++i) {
+      const int c = (my_part + i * TPK) * 8;
+      cp_async16(vs + c, vrow + c, valid && c < dv_here);
     }
     cp_async_commit();
   };
