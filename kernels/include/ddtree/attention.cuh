@@ -52,6 +52,7 @@ static_assert(offsetof(AttentionParams, sm_scale_log2) == 216, "AttentionParams 
 static_assert(offsetof(AttentionParams, splits) == 256, "AttentionParams layout");
 
 constexpr int kAttnPad = 8;  // elements of padding per shared-memory row (16 bytes)
+constexpr float kLazyRescale = 8.0f;  // how far (base 2) a tile may pass the running max
 
 // One m16n8k16 tensor-core product (bf16 or fp16 in, fp32 accumulate) and the packing of two
 // fp32 values into its 16-bit operand pair.
@@ -378,15 +379,34 @@ __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
         }
       }
     }
-    float scale[2];
+    // The running maximum moves (and the accumulators are rescaled) only when a row's tile
+    // maximum passes it by more than kLazyRescale (base 2): below that the weights exp2(s - m)
+    // stay under 2^kLazyRescale, exact enough in fp32 and bf16/fp16 alike, and the rescale of
+    // every accumulator is skipped on most tiles. A warp decides as one (its rows' m and l
+    // stay consistent with its accumulators; the two warps of a CW pair hold the same S).
+    bool grows = false;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
       tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
-      const float m_new = fmaxf(m[h], tile_max[h]);
-      scale[h] = m_new == -INFINITY ? 1.0f : exp2f(m[h] - m_new);
-      m[h] = m_new;
-      l[h] *= scale[h];
+      grows |= tile_max[h] > m[h] + kLazyRescale;
+    }
+    if (__any_sync(0xffffffffu, grows)) {
+      float scale[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float m_new = fmaxf(m[h], tile_max[h]);
+        scale[h] = m_new == -INFINITY ? 1.0f : exp2f(m[h] - m_new);
+        m[h] = m_new;
+        l[h] *= scale[h];
+      }
+#pragma unroll
+      for (int t = 0; t < VT; ++t) {
+        acc[t][0] *= scale[0];
+        acc[t][1] *= scale[0];
+        acc[t][2] *= scale[1];
+        acc[t][3] *= scale[1];
+      }
     }
     uint32_t pa[NT][2];  // P as bf16/fp16 pairs: [n][row half]
 #pragma unroll
@@ -400,13 +420,6 @@ __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
       }
       pa[n][0] = Mma::pack(e[0], e[1]);
       pa[n][1] = Mma::pack(e[2], e[3]);
-    }
-#pragma unroll
-    for (int t = 0; t < VT; ++t) {
-      acc[t][0] *= scale[0];
-      acc[t][1] *= scale[0];
-      acc[t][2] *= scale[1];
-      acc[t][3] *= scale[1];
     }
     // O += P V: keys are the k dimension, 16 per step; V fragments by transposing loads.
     const T* vb = vs + (mr + (mi & 1) * 8) * VS + (mi >> 1) * 8;
