@@ -21,13 +21,13 @@ extern "C" __global__ void __launch_bounds__(256)
     ddtree::attention_block<T, D, DVC, W, KT, CW, VK, ST>(p, smem);                     \
   }
 
-DDTREE_ATTENTION(ddtree_attention_bf16_d64, __nv_bfloat16, 64, 64, 4, 64, 1, false, 3)
-DDTREE_ATTENTION(ddtree_attention_bf16_d128, __nv_bfloat16, 128, 128, 8, 32, 1, false, 3)
+DDTREE_ATTENTION(ddtree_attention_bf16_d64, __nv_bfloat16, 64, 64, 4, 64, 1, false, 2)
+DDTREE_ATTENTION(ddtree_attention_bf16_d128, __nv_bfloat16, 128, 128, 8, 32, 1, false, 2)
 DDTREE_ATTENTION(ddtree_attention_bf16_d256, __nv_bfloat16, 256, 128, 4, 32, 1, false, 2)
 DDTREE_ATTENTION(ddtree_attention_bf16_d576, __nv_bfloat16, 576, 256, 2, 16, 1, false, 2)
 DDTREE_ATTENTION(ddtree_attention_bf16_d576vk, __nv_bfloat16, 576, 256, 4, 16, 2, true, 3)
-DDTREE_ATTENTION(ddtree_attention_f16_d64, __half, 64, 64, 4, 64, 1, false, 3)
-DDTREE_ATTENTION(ddtree_attention_f16_d128, __half, 128, 128, 8, 32, 1, false, 3)
+DDTREE_ATTENTION(ddtree_attention_f16_d64, __half, 64, 64, 4, 64, 1, false, 2)
+DDTREE_ATTENTION(ddtree_attention_f16_d128, __half, 128, 128, 8, 32, 1, false, 2)
 DDTREE_ATTENTION(ddtree_attention_f16_d256, __half, 256, 128, 4, 32, 1, false, 2)
 DDTREE_ATTENTION(ddtree_attention_f16_d576, __half, 576, 256, 2, 16, 1, false, 2)
 DDTREE_ATTENTION(ddtree_attention_f16_d576vk, __half, 576, 256, 4, 16, 2, true, 3)

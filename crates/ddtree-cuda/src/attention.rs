@@ -88,14 +88,8 @@ const fn variant(name: &'static str, d: usize, dvc: usize, warps: usize, kt: usi
 /// The compiled variants, smallest head dim first (the order of the device's functions);
 /// a `v_in_k` variant serves only calls whose V is a view of K.
 pub const VARIANTS: [Variant; 5] = [
-    Variant {
-        stages: 3,
-        ..variant("d64", 64, 64, 4, 64)
-    },
-    Variant {
-        stages: 3,
-        ..variant("d128", 128, 128, 8, 32)
-    },
+    variant("d64", 64, 64, 4, 64),
+    variant("d128", 128, 128, 8, 32),
     variant("d256", 256, 128, 4, 32),
     variant("d576", 576, 256, 2, 16),
     Variant {
