@@ -5,7 +5,9 @@ DDTree runs the whole round through ddtree: ``Stepper.step`` builds the tree fro
 early-exit drafter's per-depth distributions, the verify forward attends with
 ``ddtree.tree_attention`` over the paged KV pool, ``Stepper.accept`` walks it and
 ``Stepper.compact_kv`` keeps the accepted path's K/V. In float32 (the CPU default) all
-three decoders produce the same greedy tokens.
+three decoders produce the same greedy tokens; where a decoder's tokens part from greedy's
+(bfloat16 on the GPU), the report names the first differing token and greedy's top-1 minus
+top-2 logit there. ``--idle`` (CUDA) adds the GPU idle fraction of a DDTree decode.
 """
 
 from __future__ import annotations
@@ -44,6 +46,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.add_argument(
+        "--idle",
+        action="store_true",
+        help="CUDA: decode with DDTree once more, untimed, under the torch profiler and report "
+        "the GPU idle fraction of its rounds (prefill left out); skipped on the CPU",
+    )
+    p.add_argument(
         "--plot",
         metavar="FILE.png",
         help="also run DDTree at budgets 1, 3, 7, 15, 31 and plot the mean accepted length by "
@@ -63,6 +71,7 @@ def run(args) -> int:
     weights = load_weights(dtype=dtype).to(device=device)
     prompts = [tok.chat(p) for p in (args.prompt or PROMPTS)]
     results = decode_all(weights, prompts, args, device, dtype)
+    idle = measure_idle(weights, prompts, args, device, dtype) if args.idle else None
     if args.plot:
         sweep = budget_sweep(weights, prompts, args, device, dtype)
         plot_budgets(sweep, args.plot)
@@ -72,9 +81,9 @@ def run(args) -> int:
             print(f"# budget {budget}: mean accepted length {mean:.2f}, {ms:.0f} ms/round",
                   file=sys.stderr)  # fmt: skip
     if args.json:
-        print(json.dumps(as_json(prompts, results)))
+        print(json.dumps(as_json(prompts, results, args, idle)))
         return 0
-    report(tok, prompts, results, args, device, dtype)
+    report(tok, prompts, results, args, device, dtype, idle)
     return 0
 
 
@@ -97,28 +106,62 @@ def new_stepper(weights, prompts, args, device, budget: int, topk=None) -> ddtre
     )  # fmt: skip
 
 
-def decode_all(weights, prompts, args, device, dtype) -> dict:
-    """The three decoders, each on a fresh pool of the same shape."""
+def baselines(weights, prompts, args, device, dtype) -> dict:
+    """Plain greedy and chain speculation (neither depends on the DDTree budget), each on a
+    fresh pool."""
     from . import decode
 
     def engine():
         return new_engine(weights, prompts, args, device, dtype, args.budget)
 
-    def stepper(budget, topk):
-        return new_stepper(weights, prompts, args, device, budget, topk)
-
-    n, t = args.max_new_tokens, args.temperature
+    n, d, t = args.max_new_tokens, args.depth, args.temperature
+    chain = new_stepper(weights, prompts, args, device, d, topk=1)
     return {
         "ar": decode.greedy(engine(), prompts, n, t),
-        "chain": decode.speculative(engine(), stepper(args.depth, 1), prompts, n, args.depth, t),
-        "ddtree": decode.speculative(
-            engine(), stepper(args.budget, None), prompts, n, args.depth, t
-        ),
+        "chain": decode.speculative(engine(), chain, prompts, n, d, t),
     }
 
 
-def as_json(prompts, results) -> dict:
+def ddtree_decode(weights, prompts, args, device, dtype, budget: int, on_decode_start=None):
+    """DDTree at `budget` nodes, on a fresh pool."""
+    from . import decode
+
+    return decode.speculative(
+        new_engine(weights, prompts, args, device, dtype, budget),
+        new_stepper(weights, prompts, args, device, budget),
+        prompts, args.max_new_tokens, args.depth, args.temperature,
+        on_decode_start=on_decode_start,
+    )  # fmt: skip
+
+
+def decode_all(weights, prompts, args, device, dtype) -> dict:
+    """The three decoders, each on a fresh pool of the same shape."""
+    results = baselines(weights, prompts, args, device, dtype)
+    results["ddtree"] = ddtree_decode(weights, prompts, args, device, dtype, args.budget)
+    return results
+
+
+def measure_idle(weights, prompts, args, device, dtype) -> dict | None:
+    """GPU idle fraction of a separate DDTree decode at args.budget (None off CUDA)."""
+    from . import measure
+
+    if device.type != "cuda":
+        print("# --idle needs --device cuda: GPU idle not measured", file=sys.stderr)
+        return None
+    return measure.gpu_idle(
+        lambda mark: ddtree_decode(weights, prompts, args, device, dtype, args.budget, mark)
+    )
+
+
+def as_json(prompts, results, args, idle=None) -> dict:
+    from .measure import divergences
+
     return {
+        "bs": len(prompts),
+        "budget": args.budget,
+        "depth": args.depth,
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
         "prompt_ids": prompts,
         "ar_ids": results["ar"].tokens,
         "chain_ids": results["chain"].tokens,
@@ -128,10 +171,15 @@ def as_json(prompts, results) -> dict:
         "tokens_per_s": {k: r.tokens_per_s() for k, r in results.items()},
         "rounds": {k: r.rounds for k, r in results.items()},
         "split_s": {k: r.split for k, r in results.items() if r.split},
+        "ar_margins": results["ar"].margins,
+        # Per decoder, per prompt: null, or where its tokens first part from greedy's (only
+        # when decoding greedily: sampled tokens part by design).
+        "divergence": divergences(results) if args.temperature <= 0 else None,
+        "gpu_idle": idle,
     }
 
 
-def report(tok, prompts, results, args, device, dtype) -> None:
+def report(tok, prompts, results, args, device, dtype, idle=None) -> None:
     ar = results["ar"].tokens
     print(f"# ddtree demo: SmolLM2-135M-Instruct on {device} ({dtype}), {len(prompts)} prompts")
     for b, ids in enumerate(ar):
@@ -146,6 +194,50 @@ def report(tok, prompts, results, args, device, dtype) -> None:
         total = sum(split.values())
         cells = ", ".join(f"{k} {v / total:.0%}" for k, v in split.items())
         print(f"# {name} round time: {cells}")
+    if args.temperature <= 0:
+        report_divergences(tok, results)
+    if idle is not None:
+        print(f"# {idle_text(idle, args.budget)}")
+
+
+def report_divergences(tok, results) -> None:
+    """A line per prompt whose tokens part from greedy's, and greedy's margins for scale."""
+    from .measure import divergences
+
+    found = False
+    for name, per_prompt in divergences(results).items():
+        for b, d in enumerate(per_prompt):
+            if d is not None:
+                found = True
+                print(f"# {name} parts from greedy: {divergence_text(tok, b, d)}")
+    if found:
+        margins = sorted(m for row in results["ar"].margins for m in row)
+        print(f"# greedy's top-1 minus top-2 logit over all its tokens: min {margins[0]:.3f}, "
+              f"median {margins[len(margins) // 2]:.3f}")  # fmt: skip
+
+
+def divergence_text(tok, b: int, d: dict) -> str:
+    """One prompt's first divergence: where, the two tokens, greedy's top-2 margin there."""
+
+    def token(t):
+        return "(none)" if t is None else repr(tok.decode([t]))
+
+    margin = "?" if d["greedy_margin"] is None else f"{d['greedy_margin']:.3f}"
+    return (
+        f"prompt {b}, generated token {d['index']}: {token(d['other_token'])} where greedy "
+        f"has {token(d['greedy_token'])} (greedy's top-1 minus top-2 logit there: {margin})"
+    )
+
+
+def idle_text(idle: dict, budget: int) -> str:
+    window = "rounds, prefill left out" if idle["prefill_excluded"] else "whole decode"
+    if idle["profiled"] != "cuda":
+        window += ", host ops profiled too"
+    per_round = idle["span_ms"] / max(idle["rounds"], 1)
+    return (
+        f"GPU idle in a separate, profiled DDTree decode (B={budget}, {window}): "
+        f"{idle['idle']:.1%}; GPU busy {idle['busy_ms']:.2f} ms of {per_round:.2f} ms per round"
+    )
 
 
 SWEEP_BUDGETS = (1, 3, 7, 15, 31)
@@ -153,19 +245,7 @@ SWEEP_BUDGETS = (1, 3, 7, 15, 31)
 
 def budget_sweep(weights, prompts, args, device, dtype) -> dict:
     """DDTree alone at each budget of SWEEP_BUDGETS: budget -> Result."""
-    from . import decode
-
-    return {
-        budget: decode.speculative(
-            new_engine(weights, prompts, args, device, dtype, budget),
-            new_stepper(weights, prompts, args, device, budget),
-            prompts,
-            args.max_new_tokens,
-            args.depth,
-            args.temperature,
-        )  # fmt: skip
-        for budget in SWEEP_BUDGETS
-    }
+    return {b: ddtree_decode(weights, prompts, args, device, dtype, b) for b in SWEEP_BUDGETS}
 
 
 def plot_budgets(sweep: dict, path: str) -> None:

@@ -12,6 +12,7 @@ only — never from the target's outputs for the round.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -61,6 +62,9 @@ class Result:
     rounds: int = 0
     accept_lens: list[float] = field(default_factory=list)
     split: dict = field(default_factory=dict)  # seconds per stage of a round
+    # Greedy only: top-1 minus top-2 logit at each generated token [bs][n], as its forward
+    # computed it; where another decoder parts from greedy, a small margin means a near-tie.
+    margins: list[list[float]] = field(default_factory=list)
 
     def tokens_per_s(self) -> float:
         return sum(len(t) for t in self.tokens) / self.seconds
@@ -92,29 +96,38 @@ def sample(logits: torch.Tensor, temperature: float, g: torch.Generator | None):
 
 
 def prefill(engine: Engine, prompts: list[list[int]], temperature, g):
-    """Every prompt into the pool; the first generated token of each."""
-    first = [engine.prefill(b, ids) for b, ids in enumerate(prompts)]
-    roots = sample(torch.stack(first), temperature, g)
+    """Every prompt into the pool; the first generated token of each, and its logits."""
+    first = torch.stack([engine.prefill(b, ids) for b, ids in enumerate(prompts)])
+    roots = sample(first, temperature, g)
     prefix = torch.tensor([len(p) for p in prompts], device=roots.device)
-    return roots, prefix
+    return roots, prefix, first
+
+
+def top2_margin(logits: torch.Tensor) -> torch.Tensor:
+    """Top-1 minus top-2 logit of each row [..., V] -> [...]."""
+    top = logits.topk(2, dim=-1).values
+    return top[..., 0] - top[..., 1]
 
 
 def greedy(engine: Engine, prompts, max_new: int, temperature=0.0, seed=0) -> Result:
     """Plain decoding: one forward per token."""
     g = torch.Generator(device=engine.pool.k[0].device).manual_seed(seed)
     t0 = time.perf_counter()
-    roots, prefix = prefill(engine, prompts, temperature, g)
+    roots, prefix, logits = prefill(engine, prompts, temperature, g)
     rows = torch.arange(len(prompts), device=roots.device)
     out = [[int(r)] for r in roots]
+    margins = [top2_margin(logits)]  # kept on the device: read once, after the loop
     for _ in range(max_new - 1):
         tree = chain_tree(roots.unsqueeze(1), prefix)
         window = engine.pool.slots_of(rows, prefix.unsqueeze(1))
         logits = engine.verify(tree, prefix, window)[:, 0]
         roots = sample(logits, temperature, g)
+        margins.append(top2_margin(logits))
         prefix = prefix + 1
         for b, r in enumerate(roots.tolist()):
             out[b].append(r)
-    return Result(out, time.perf_counter() - t0, rounds=max_new - 1)
+    seconds = time.perf_counter() - t0
+    return Result(out, seconds, rounds=max_new - 1, margins=torch.stack(margins, 1).tolist())
 
 
 def draft(engine: Engine, roots, prefix, depth: int) -> torch.Tensor:
@@ -141,17 +154,22 @@ def speculative(
     depth: int,
     temperature=0.0,
     seed=0,
+    on_decode_start: Callable[[], None] | None = None,
 ) -> Result:
     """DDTree (or chain speculation, with a topk=1 Stepper) rounds until every request has
-    `max_new` tokens: draft, build, verify, accept, compact the KV of the accepted path."""
+    `max_new` tokens: draft, build, verify, accept, compact the KV of the accepted path.
+    `on_decode_start` runs once the prefill is done, before the first round (the GPU idle
+    measurement enqueues a marker kernel there, to leave the prefill out)."""
     dev = engine.pool.k[0].device
     g = torch.Generator(device=dev).manual_seed(seed)
     stepper.register_caches(engine.pool.caches())
     timer = Timer(dev)
     t0 = time.perf_counter()
-    roots, prefix = prefill(engine, prompts, temperature, g)
+    roots, prefix, _ = prefill(engine, prompts, temperature, g)
     rows = torch.arange(len(prompts), device=dev)
     out = [[int(r)] for r in roots]
+    if on_decode_start is not None:
+        on_decode_start()
     rounds, lens = 0, []
     q_nodes = stepper.budget + 1
     while min(len(o) for o in out) < max_new:

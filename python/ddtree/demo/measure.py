@@ -1,0 +1,111 @@
+"""What the demo measures beside its timings: where a decoder's tokens first part from plain
+greedy's (and how near a tie greedy's choice was there), and the GPU idle fraction of a
+DDTree decode, from a torch profiler trace.
+
+The idle fraction comes from a separate, untimed decode: the demo's `Timer` synchronises
+the device around each stage to split a round's time, and those syncs would add idle time of
+their own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+
+import torch
+
+# Chrome-trace categories of the torch profiler's device work: kernels, copies, fills.
+GPU_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def first_divergence(greedy_ids, other_ids, margins) -> dict | None:
+    """Where `other_ids` first differs from `greedy_ids` (one prompt's generated tokens):
+    the index, both tokens and greedy's top-1 minus top-2 logit there; None if they agree.
+    A sequence that ends first differs at its end (its token there is None)."""
+    for i in range(max(len(greedy_ids), len(other_ids))):
+        a = greedy_ids[i] if i < len(greedy_ids) else None
+        b = other_ids[i] if i < len(other_ids) else None
+        if a != b:
+            margin = margins[i] if i < len(margins) else None
+            return {"index": i, "greedy_token": a, "other_token": b, "greedy_margin": margin}
+    return None
+
+
+def divergences(results: dict) -> dict:
+    """decoder -> one first_divergence per prompt, for every decoder beside greedy ("ar")."""
+    ar = results["ar"]
+    return {
+        name: [
+            first_divergence(g, o, m)
+            for g, o, m in zip(ar.tokens, r.tokens, ar.margins, strict=True)
+        ]
+        for name, r in results.items()
+        if name != "ar"
+    }
+
+
+def trace_intervals(trace: dict, categories=GPU_WORK) -> list[tuple[float, float, str]]:
+    """(start, end, name) in µs of every complete event of `categories` (by default the
+    kernels, copies and fills) in a chrome trace (the torch profiler's export), by start."""
+    return sorted(
+        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)), e.get("name", ""))
+        for e in trace.get("traceEvents", [])
+        if e.get("ph") == "X" and e.get("cat") in categories
+    )
+
+
+def from_marker(named: list, marker: str) -> tuple[list[tuple[float, float]], bool]:
+    """The (start, end) intervals from the first one whose name holds `marker` on, and
+    whether the marker was found (if not: all of them)."""
+    starts = [s for s, _, name in named if marker in name]
+    if not starts:
+        return [(s, e) for s, e, _ in named], False
+    return [(s, e) for s, e, _ in named if s >= starts[0]], True
+
+
+def profiled_trace(fn: Callable, with_cpu: bool = False):
+    """Run `fn()` under the torch profiler; returns (fn's result, chrome trace). Device
+    activity only by default: recording every host op too slows the host down, which
+    shows as idle GPU time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if with_cpu else [])
+    torch.cuda.synchronize()
+    with profile(activities=activities) as prof:
+        out = fn()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            return out, json.load(f)
+
+
+def gpu_idle(decode: Callable) -> dict:
+    """GPU idle fraction of one decode's rounds. `decode(on_decode_start)` runs the decode
+    and calls `on_decode_start()` after its prefill; a tiny marker kernel enqueued there
+    opens the window, which ends at the last device work, so the prefill (its one-request
+    forwards and their syncs) is left out. Idle = 1 - busy / span over that window, busy being
+    the union of the kernel, copy and fill intervals (bench_loop.busy_stats)."""
+    from ddtree.bench_loop import MARKER, busy_stats
+
+    def mark():
+        torch.cuda._sleep(1)  # its kernel's name holds MARKER
+
+    # Device activity alone has been seen to record no kernels on some setups; the decode
+    # loop benchmark records host ops too. If the first trace has no device work, profile
+    # again with host ops (more host overhead: the result says which).
+    for with_cpu in (False, True):
+        result, trace = profiled_trace(lambda: decode(mark), with_cpu)
+        intervals, marked = from_marker(trace_intervals(trace), MARKER)
+        if intervals:
+            break
+    stats = busy_stats(intervals, max(result.rounds, 1))
+    return {
+        **stats,
+        "rounds": result.rounds,
+        "prefill_excluded": marked,
+        "profiled": "cuda+cpu" if with_cpu else "cuda",
+    }
