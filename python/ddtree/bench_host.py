@@ -2,9 +2,10 @@
 
 The GPU runs behind: each figure is the wall time the calling thread spends in one call
 (argument checks, the Rust seam, the kernel launches), the median of ``--repeats`` runs of
-``--calls`` back-to-back calls. The yardstick measured in the same run is one small torch
-op launched with ``out=`` (the host cost of a single PyTorch kernel launch): a call's ratio
-to it says how many bare launches its host time is worth.
+``--calls`` back-to-back calls, the cases' runs interleaved (round-robin). The yardstick
+measured in the same run is one small torch op launched with ``out=`` (the host cost of a
+single PyTorch kernel launch): a call's ratio to it says how many bare launches its host
+time is worth.
 """
 
 from __future__ import annotations
@@ -19,18 +20,28 @@ from .bench import add_round_shape
 from .stepper import Stepper
 
 
-def per_call_us(fn, calls: int, repeats: int) -> float:
-    """Median over ``repeats`` of the host µs per call of ``calls`` back-to-back calls."""
-    fn()
+def run_us(fn, calls: int) -> float:
+    """Host µs per call of ``calls`` back-to-back calls; the queue drains afterwards."""
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    us = (time.perf_counter() - t0) / calls * 1e6
+    torch.cuda.synchronize()  # between runs, never inside one
+    return us
+
+
+def interleaved_us(cases: list, calls: int, repeats: int) -> list:
+    """(name, median host µs per call) of each case, its ``repeats`` runs interleaved with
+    the other cases' (round-robin), so a drift of the host's speed during the benchmark
+    touches every case alike instead of whichever ran then."""
+    for _, fn in cases:
+        fn()  # warm: graphs built, caches filled
     torch.cuda.synchronize()
-    runs = []
+    runs = {name: [] for name, _ in cases}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        runs.append((time.perf_counter() - t0) / calls * 1e6)
-        torch.cuda.synchronize()  # the queue drains between runs, never inside one
-    return statistics.median(runs)
+        for name, fn in cases:
+            runs[name].append(run_us(fn, calls))
+    return [(name, statistics.median(runs[name])) for name, _ in cases]
 
 
 def measure(bs: int, budget: int, depth: int, vocab: int, calls: int, repeats: int) -> list:
@@ -75,12 +86,15 @@ def measure(bs: int, budget: int, depth: int, vocab: int, calls: int, repeats: i
             ("engine.accept greedy, no readback", lambda: engine.accept(target, False)),
             ("engine.publish (readback launch)", engine.publish),
         ]
-    rows = [(name, per_call_us(fn, calls, repeats)) for name, fn in cases]
     if engine is not None:  # the eager step's three launches without the engine's graph
-        engine.eager_graphs = False
-        plain = per_call_us(lambda: stepper.step(x, roots, prefix), calls, repeats)
-        rows.insert(2, ("Stepper.step, 3 plain launches (no graph)", plain))
-        engine.eager_graphs = True
+
+        def plain_step():
+            engine.eager_graphs = False
+            stepper.step(x, roots, prefix)
+            engine.eager_graphs = True
+
+        cases.insert(2, ("Stepper.step, 3 plain launches (no graph)", plain_step))
+    rows = interleaved_us(cases, calls, repeats)
     stepper.close()
     return rows
 

@@ -19,6 +19,9 @@ pub struct Torch {
     /// The dtypes a per-request sampling tensor may have, with the kernel's code.
     param_dtypes: Vec<(Py<PyAny>, ParamDtype)>,
     pub raw_stream: Option<Py<PyAny>>,
+    /// `numbers.Integral` and `numbers.Real`: what a scalar sampling parameter may be.
+    integral: Py<PyAny>,
+    real: Py<PyAny>,
 }
 
 impl Torch {
@@ -44,6 +47,8 @@ impl Torch {
                 .getattr("_cuda_getCurrentRawStream")
                 .ok()
                 .map(Bound::unbind),
+            integral: py.import("numbers")?.getattr("Integral")?.unbind(),
+            real: py.import("numbers")?.getattr("Real")?.unbind(),
         })
     }
 }
@@ -227,7 +232,7 @@ impl Checks {
         bs: usize,
     ) -> PyResult<ParamSource> {
         if !x.is_instance(self.torch.tensor.bind(x.py()))? {
-            return scalar_param(x, name).map(ParamSource::scalar);
+            return self.scalar_param(x, name).map(ParamSource::scalar);
         }
         let shape: Vec<usize> = x.getattr("shape")?.extract()?;
         if shape != [bs] {
@@ -349,48 +354,52 @@ impl Checks {
     }
 }
 
-/// A scalar sampling parameter as the kernel stores it: None is off (temperature 0, top_k
-/// 0, top_p 1); a bool or a non-number is a `TypeError`; temperature must be finite and
-/// ≥ 0, top_k an integer ≥ 0 (beyond int32 it is off, like any k ≥ V), top_p in (0, 1].
-fn scalar_param(x: &Bound<'_, PyAny>, name: &str) -> PyResult<f64> {
-    let off = match name {
-        "top_p" => 1.0,
-        _ => 0.0,
-    };
-    if x.is_none() {
-        return Ok(off);
-    }
-    let kind =
-        x.py()
-            .import("numbers")?
-            .getattr(if name == "top_k" { "Integral" } else { "Real" })?;
-    if x.is_instance_of::<pyo3::types::PyBool>() || !x.is_instance(&kind)? {
-        let ty = x.get_type().name()?;
-        return Err(PyTypeError::new_err(format!(
-            "{name}: expected None, a number or a tensor, got {ty}"
-        )));
-    }
-    match name {
-        "top_k" => {
-            if x.lt(0)? {
-                return Err(PyValueError::new_err("top_k: must be ≥ 0 (0 = off)"));
-            }
-            let k = x.extract::<i64>().unwrap_or(i64::MAX); // past i64: far past int32
-            Ok(k.min(i64::from(i32::MAX)) as f64)
+impl Checks {
+    /// A scalar sampling parameter as the kernel stores it: None is off (temperature 0,
+    /// top_k 0, top_p 1); a bool or a non-number is a `TypeError`; temperature must be
+    /// finite and ≥ 0, top_k an integer ≥ 0 (beyond int32 it is off, like any k ≥ V), top_p
+    /// in (0, 1]. Python's int and float are recognised by their exact type (cheap); other
+    /// numbers (numpy's) by the `numbers` ABCs.
+    fn scalar_param(&self, x: &Bound<'_, PyAny>, name: &str) -> PyResult<f64> {
+        use pyo3::types::{PyBool, PyFloat, PyInt};
+        if x.is_none() {
+            return Ok(if name == "top_p" { 1.0 } else { 0.0 });
         }
-        "temperature" => {
-            let t: f64 = x.extract()?;
-            if !(t.is_finite() && t >= 0.0) {
-                return Err(PyValueError::new_err("temperature: must be finite and ≥ 0"));
-            }
-            Ok(t)
+        let integral = x.is_exact_instance_of::<PyInt>()
+            || (!x.is_instance_of::<PyBool>()
+                && !x.is_exact_instance_of::<PyFloat>()
+                && x.is_instance(self.torch.integral.bind(x.py()))?);
+        let real = integral
+            || x.is_exact_instance_of::<PyFloat>()
+            || (!x.is_instance_of::<PyBool>() && x.is_instance(self.torch.real.bind(x.py()))?);
+        if !(if name == "top_k" { integral } else { real }) {
+            let ty = x.get_type().name()?;
+            return Err(PyTypeError::new_err(format!(
+                "{name}: expected None, a number or a tensor, got {ty}"
+            )));
         }
-        _ => {
-            let p: f64 = x.extract()?;
-            if !(p > 0.0 && p <= 1.0) {
-                return Err(PyValueError::new_err("top_p: must be in (0, 1]"));
+        match name {
+            "top_k" => {
+                if x.lt(0)? {
+                    return Err(PyValueError::new_err("top_k: must be ≥ 0 (0 = off)"));
+                }
+                let k = x.extract::<i64>().unwrap_or(i64::MAX); // past i64: far past int32
+                Ok(k.min(i64::from(i32::MAX)) as f64)
             }
-            Ok(p)
+            "temperature" => {
+                let t: f64 = x.extract()?;
+                if !(t.is_finite() && t >= 0.0) {
+                    return Err(PyValueError::new_err("temperature: must be finite and ≥ 0"));
+                }
+                Ok(t)
+            }
+            _ => {
+                let p: f64 = x.extract()?;
+                if !(p > 0.0 && p <= 1.0) {
+                    return Err(PyValueError::new_err("top_p: must be in (0, 1]"));
+                }
+                Ok(p)
+            }
         }
     }
 }
