@@ -12,12 +12,12 @@ use pyo3::types::PyDict;
 
 /// A tensor's `data_ptr()`.
 pub fn data_ptr(t: &Bound<'_, PyAny>) -> PyResult<usize> {
-    t.call_method0("data_ptr")?.extract()
+    t.call_method0(pyo3::intern!(t.py(), "data_ptr"))?.extract()
 }
 
 /// The first two sizes of a tensor.
 fn shape2(t: &Bound<'_, PyAny>) -> PyResult<(usize, usize)> {
-    let shape: Vec<usize> = t.getattr("shape")?.extract()?;
+    let shape: Vec<usize> = t.getattr(pyo3::intern!(t.py(), "shape"))?.extract()?;
     Ok((shape[0], shape.get(1).copied().unwrap_or(1)))
 }
 

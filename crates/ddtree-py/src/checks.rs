@@ -116,9 +116,13 @@ impl Checks {
     /// tensor is not on `cuda:0`).
     fn on_device(&self, x: &Bound<'_, PyAny>) -> PyResult<bool> {
         match self.device {
-            None => x.getattr("is_cpu")?.extract(),
-            Some(d) => Ok(x.getattr("is_cuda")?.extract::<bool>()?
-                && x.call_method0("get_device")?.extract::<i64>()? == d as i64),
+            None => x.getattr(pyo3::intern!(x.py(), "is_cpu"))?.extract(),
+            Some(d) => Ok(x
+                .getattr(pyo3::intern!(x.py(), "is_cuda"))?
+                .extract::<bool>()?
+                && x.call_method0(pyo3::intern!(x.py(), "get_device"))?
+                    .extract::<i64>()?
+                    == d as i64),
         }
     }
 
@@ -157,15 +161,15 @@ impl Checks {
         }
         Ok(Meta {
             ptr: data_ptr(x)? as u64,
-            shape: x.getattr("shape")?.extract()?,
-            strides: x.call_method0("stride")?.extract()?,
+            shape: x.getattr(pyo3::intern!(x.py(), "shape"))?.extract()?,
+            strides: x.call_method0(pyo3::intern!(x.py(), "stride"))?.extract()?,
         })
     }
 
     pub fn logits(&self, x: &Bound<'_, PyAny>, name: &str) -> PyResult<Logits> {
         self.tensor(x, name)?;
         let py = x.py();
-        let dtype = x.getattr("dtype")?;
+        let dtype = x.getattr(pyo3::intern!(x.py(), "dtype"))?;
         let Some(pos) = self.torch.dtypes.iter().position(|d| d.bind(py).is(&dtype)) else {
             return Err(PyTypeError::new_err(format!(
                 "{name}: dtype must be bfloat16, float16 or float32, got {}",
@@ -199,7 +203,7 @@ impl Checks {
         n: usize,
     ) -> PyResult<(u64, Option<Bound<'py, PyAny>>)> {
         self.tensor(x, name)?;
-        let dtype = x.getattr("dtype")?;
+        let dtype = x.getattr(pyo3::intern!(x.py(), "dtype"))?;
         if !dtype.is(self.torch.int64.bind(x.py())) {
             return Err(PyTypeError::new_err(format!(
                 "{name}: dtype must be int64, got {}",
@@ -214,7 +218,7 @@ impl Checks {
             )));
         }
         if n > 1 && m.strides[0] != 1 {
-            let copy = x.call_method0("contiguous")?;
+            let copy = x.call_method0(pyo3::intern!(x.py(), "contiguous"))?;
             let ptr = data_ptr(&copy)? as u64;
             return Ok((ptr, Some(copy)));
         }
@@ -234,7 +238,7 @@ impl Checks {
         if !x.is_instance(self.torch.tensor.bind(x.py()))? {
             return self.scalar_param(x, name).map(ParamSource::scalar);
         }
-        let shape: Vec<usize> = x.getattr("shape")?.extract()?;
+        let shape: Vec<usize> = x.getattr(pyo3::intern!(x.py(), "shape"))?.extract()?;
         if shape != [bs] {
             return Err(PyValueError::new_err(format!(
                 "{name}: must be a scalar or a [{bs}] tensor, got {shape:?}"
@@ -247,7 +251,7 @@ impl Checks {
                 self.device_name()
             )));
         }
-        let dtype = x.getattr("dtype")?;
+        let dtype = x.getattr(pyo3::intern!(x.py(), "dtype"))?;
         let py = x.py();
         let Some(&(_, code)) = self
             .torch
@@ -263,7 +267,9 @@ impl Checks {
         };
         Ok(ParamSource {
             ptr: data_ptr(x)? as u64,
-            stride: x.call_method1("stride", (0,))?.extract()?,
+            stride: x
+                .call_method1(pyo3::intern!(x.py(), "stride"), (0,))?
+                .extract()?,
             dtype: code,
             ..ParamSource::default()
         })
@@ -275,7 +281,7 @@ impl Checks {
     pub fn hidden(&self, x: &Bound<'_, PyAny>, bs: usize) -> PyResult<(u64, usize, usize)> {
         let name = "hidden";
         self.tensor(x, name)?;
-        let shape: Vec<usize> = x.getattr("shape")?.extract()?;
+        let shape: Vec<usize> = x.getattr(pyo3::intern!(x.py(), "shape"))?.extract()?;
         if shape.len() < 2 {
             return Err(PyValueError::new_err(format!(
                 "{name}: must be a tensor [bs*Q, H, ...]"
@@ -289,7 +295,9 @@ impl Checks {
             )));
         }
         let ptr = contiguous_ptr(x, name)?;
-        let elem: usize = x.call_method0("element_size")?.extract()?;
+        let elem: usize = x
+            .call_method0(pyo3::intern!(x.py(), "element_size"))?
+            .extract()?;
         let row = shape[1..].iter().product::<usize>() * elem;
         Ok((ptr, shape[0] / bs, row))
     }
@@ -303,15 +311,20 @@ impl Checks {
         bs: usize,
         path_len: usize,
     ) -> PyResult<u64> {
-        let hshape: Vec<usize> = hidden.getattr("shape")?.extract()?;
+        let hshape: Vec<usize> = hidden
+            .getattr(pyo3::intern!(hidden.py(), "shape"))?
+            .extract()?;
         let want: Vec<usize> = [bs, path_len]
             .into_iter()
             .chain(hshape[1..].iter().copied())
             .collect();
-        let dtype = hidden.getattr("dtype")?;
+        let dtype = hidden.getattr(pyo3::intern!(hidden.py(), "dtype"))?;
         let fits = out.is_instance(self.torch.tensor.bind(out.py()))?
-            && out.getattr("dtype")?.is(&dtype)
-            && out.getattr("shape")?.extract::<Vec<usize>>()? == want
+            && out.getattr(pyo3::intern!(out.py(), "dtype"))?.is(&dtype)
+            && out
+                .getattr(pyo3::intern!(out.py(), "shape"))?
+                .extract::<Vec<usize>>()?
+                == want
             && self.on_device(out)?;
         if !fits {
             return Err(PyValueError::new_err(format!(
@@ -328,8 +341,8 @@ impl Checks {
     pub fn window(&self, w: &Bound<'_, PyAny>, r: Round) -> PyResult<u64> {
         let name = "out_cache_loc";
         self.tensor(w, name)?;
-        let dtype = w.getattr("dtype")?;
-        let shape: Vec<usize> = w.getattr("shape")?.extract()?;
+        let dtype = w.getattr(pyo3::intern!(w.py(), "dtype"))?;
+        let shape: Vec<usize> = w.getattr(pyo3::intern!(w.py(), "shape"))?.extract()?;
         if shape.len() == 2 && shape[1] != r.q() {
             return Err(PyValueError::new_err(format!(
                 "{name}: must be [bs, {}] (Q of the tree), got {shape:?}",
@@ -406,7 +419,10 @@ impl Checks {
 
 /// The address of `x`, or the `ValueError` "`name`: must be contiguous".
 fn contiguous_ptr(x: &Bound<'_, PyAny>, name: &str) -> PyResult<u64> {
-    if !x.call_method0("is_contiguous")?.extract::<bool>()? {
+    if !x
+        .call_method0(pyo3::intern!(x.py(), "is_contiguous"))?
+        .extract::<bool>()?
+    {
         return Err(PyValueError::new_err(format!("{name}: must be contiguous")));
     }
     Ok(data_ptr(x)? as u64)
