@@ -47,7 +47,8 @@ class Stepper:
         _validate.supported_device(device, "device")
         _validate.cuda_present(device, "device")
         self.device = _validate.concrete_device(device)
-        if self.device.type == "cuda":
+        self._cuda = self.device.type == "cuda"
+        if self._cuda:
             self._check_cuda_limits()
             _cuda.prepare(self.device)
         k = _api.k_of(self.budget, self.vocab, self.topk)
@@ -56,11 +57,13 @@ class Stepper:
         self._tree_bufs = _buffers.FlatBuffers(largest_tree, self.device)
         self._acc_bufs = _buffers.FlatBuffers(largest_acc, self.device)
         rows = self.max_batch * self.depth
-        self._scratch = _cuda.new_scratch(rows, self.device) if self.device.type == "cuda" else {}
-        self._trees: dict[tuple, Tree] = {}  # views of the static buffers per (bs, L, K)
+        self._scratch = _cuda.new_scratch(rows, self.device) if self._cuda else {}
+        # Views of the static buffers per (bs, L, K): the tree and the acceptance of its accept.
+        self._trees: dict[tuple, tuple[Tree, Acceptance]] = {}
         self._accs: dict[tuple, Acceptance] = {}  # per (bs, L)
         self._kept_views: dict[tuple, tuple] = {}  # CUDA kept_slots outputs per (bs, L+1, Q)
         self._tree: Tree | None = None
+        self._next_acc: Acceptance | None = None  # the last step's tree's acceptance view
         self._round: tuple | None = None  # the engine's (bs, L, K, V) of the last step
         self._acc: Acceptance | None = None
         self._round_state(seed)
@@ -77,7 +80,7 @@ class Stepper:
         self._graphs: dict[int, RoundGraph] = {}
         self._caches: _commit.CacheTable | None = None
         self._engine = None
-        if self.device.type != "cuda":
+        if not self._cuda:
             self._engine = self._new_cpu_engine()
             return
         self._sampling = _sampling.SamplingState(self.max_batch, self.device, seed)
@@ -93,7 +96,7 @@ class Stepper:
 
     def _largest_tree(self) -> Tree:
         k = _api.k_of(self.budget, self.vocab, self.topk)
-        return self._tree_view((self.max_batch, self.depth, k))
+        return self._views((self.max_batch, self.depth, k))[0]
 
     def _new_cpu_engine(self):
         """The CPU twin of the CUDA engine: the same checks and round state, then the Rust
@@ -140,18 +143,19 @@ class Stepper:
             root_tokens = _validate.index_vector("root_tokens", root_tokens, bs, self.device)
             prefix_lens = _validate.index_vector("prefix_lens", prefix_lens, bs, self.device)
         round_ = self._engine.step(draft_logits, root_tokens, prefix_lens)
-        tree = self._tree_view(round_[:3])
+        tree, self._next_acc = self._views(round_[:3])
         self._tree, self._round = tree, round_
         return tree
 
-    def _tree_view(self, key: tuple) -> Tree:
-        """Views of the static buffers for one (bs, L, K), made once."""
-        tree = self._trees.get(key)
-        if tree is None:
+    def _views(self, key: tuple) -> tuple[Tree, Acceptance]:
+        """Views of the static buffers for one (bs, L, K): the tree, and the acceptance its
+        accept writes (looked up here once, so an accept does not)."""
+        views = self._trees.get(key)
+        if views is None:
             bs, depth, k = key
             tree = Tree(**self._tree_bufs.view(_buffers.tree_shapes(bs, depth, k, self.budget)))
-            self._trees[key] = tree
-        return tree
+            views = self._trees[key] = (tree, self._acc_view(bs, depth))
+        return views
 
     def _acc_view(self, bs: int, depth: int) -> Acceptance:
         acc = self._accs.get((bs, depth))
@@ -179,9 +183,8 @@ class Stepper:
         self._check_open()
         if self._tree is None:
             raise RuntimeError("Stepper.accept: call step() first")
-        tree = self._tree
-        acc = self._acc_view(tree.batch_size, tree.depth)
-        if self.device.type == "cuda":  # the engine publishes within the accept's graph
+        tree, acc = self._tree, self._next_acc
+        if self._cuda:  # the engine publishes within the accept's graph
             self._accept_cuda(target_logits, temperature, top_k, top_p, generator, readback)
             self._acc = acc
             return acc
@@ -212,7 +215,7 @@ class Stepper:
     def _publish(self, acc: Acceptance, readback: bool) -> None:
         if not readback:
             return
-        if self.device.type == "cuda":
+        if self._cuda:
             self._engine.publish()
             return
         round_ = -1 if self._cpu_published is None else self._cpu_published["round"]
@@ -233,7 +236,7 @@ class Stepper:
         it was published): returned once, None until the next publishing call.
         """
         self._check_open()
-        if self.device.type != "cuda":
+        if not self._cuda:
             if self._cpu_published is None or (self._cpu_returned and not wait):
                 return None
             self._cpu_returned = True
@@ -268,7 +271,7 @@ class Stepper:
         device memory, so each replay writes the next slot and a host a few replays behind
         still reads the newest finished round whole."""
         self._check_open()
-        if self.device.type != "cuda":
+        if not self._cuda:
             raise ValueError("Stepper.capture: CUDA graphs need device='cuda'")
         bs = draft_logits.shape[0]
 
@@ -297,6 +300,7 @@ class Stepper:
             raise ValueError(f"bs: no round captured for batch size {bs}; call capture() first")
         graph.graph.replay()
         self._tree, self._acc = graph.tree, graph.acc
+        self._next_acc = graph.acc
         self._engine.resume(graph.round)
         return graph
 
@@ -307,7 +311,7 @@ class Stepper:
         in ``acc.status``; ``readback=True`` then publishes the acceptance (see ``accept``)."""
         acc = self._last_acceptance("kept_slots")
         slots = self._caches.slots if self._caches is not None else None
-        if self.device.type == "cuda":  # the CUDA engine checks the window, launches, publishes
+        if self._cuda:  # the CUDA engine checks the window, launches, publishes
             self._engine.kept_slots(out_cache_loc, slots, readback)
             return self._kept_view(acc.batch_size, acc.path_len, self._tree.width)
         self._check_window(out_cache_loc)
@@ -338,7 +342,7 @@ class Stepper:
         contiguous and of one size): their device address table is built once, here."""
         self._check_open()
         self._caches = _commit.CacheTable(caches, self.device)
-        if self.device.type == "cuda":
+        if self._cuda:
             t = self._caches
             self._engine.register_caches(t.table, len(t.caches), t.row_bytes, t.slots)
 
@@ -350,7 +354,7 @@ class Stepper:
         acc = self._last_acceptance("compact_kv")
         if self._caches is None:
             raise RuntimeError("Stepper.compact_kv: call register_caches() first")
-        if self.device.type == "cuda":  # the CUDA engine checks the window, launches, publishes
+        if self._cuda:  # the CUDA engine checks the window, launches, publishes
             self._engine.compact_kv(out_cache_loc, readback)
             return
         self._check_window(out_cache_loc)
@@ -361,7 +365,7 @@ class Stepper:
         """The accepted nodes' hidden rows ``[bs*Q, H]`` → ``out`` ``[bs, L+1, H]`` in path
         order (zeros past each path); ``accept_len`` counts the real rows."""
         acc = self._last_acceptance("gather_hidden")
-        if self.device.type == "cuda" and out is not None:  # the engine checks and launches
+        if self._cuda and out is not None:  # the engine checks and launches
             self._engine.gather_hidden(hidden, out, readback)
             return out
         result = _commit.gather_hidden(acc, hidden, out=out)
@@ -376,7 +380,7 @@ class Stepper:
         self._check_open()
         heads = [_validate.positive_int(n, v) for n, v in (("hq", hq), ("hkv", hkv))]
         dims = [_validate.positive_int(n, v) for n, v in (("dqk", dqk), ("dv", dv))]
-        if self.device.type == "cuda":
+        if self._cuda:
             self._engine.prepare_attention(tuple(heads), tuple(dims))
 
     def tree_attention(
@@ -407,7 +411,7 @@ class Stepper:
         given.pop("self")
         given["tree"] = self._tree
         a = _attention._check(given)  # every argument, named, before anything runs
-        if self.device.type == "cuda":
+        if self._cuda:
             if not torch.cuda.is_current_stream_capturing():  # inside, it must exist already
                 self.prepare_attention(hq=a["hq"], hkv=a["hkv"], dqk=a["dqk"], dv=a["dv"])
             self._engine.tree_attention(_attention.launch_arg(a))
@@ -425,7 +429,7 @@ class Stepper:
         """Releases the static buffers; the Stepper cannot be used afterwards. On CUDA it
         first waits for the device, since queued readback kernels still store into the
         pinned ring (a graph that captured this Stepper must not be replayed afterwards)."""
-        if self.device.type == "cuda" and self._ring is not None:
+        if self._cuda and self._ring is not None:
             torch.cuda.synchronize(self.device)
         self._tree_bufs = self._acc_bufs = None
         self._tree = self._acc = None
