@@ -9,9 +9,10 @@
 // (flash-decoding: the splits fill the GPU at bs = 1; a second kernel merges their partial
 // results by their log-sum-exp). Each warp owns 16 rows and runs mma.sync m16n8k16 (bf16 or
 // fp16 in, fp32 accumulate) for S = Q K^T and O += P V with an online softmax in base 2.
-// K/V tiles of KT keys are gathered from the pool by cp.async into two stages (the next
-// tile loads while this one computes); fragments come from shared memory by ldmatrix
-// (transposed for V); shared rows are padded by 16 bytes against bank conflicts.
+// K/V tiles of KT keys are gathered from the pool by cp.async into ST stages (the next
+// tiles load while this one computes), each key's row located once by the threads copying
+// it; fragments come from shared memory by ldmatrix (transposed for V); shared rows are
+// padded by 16 bytes against bank conflicts.
 #pragma once
 #include <cstddef>
 #include <type_traits>
