@@ -66,20 +66,17 @@ class AttentionWorkspace:
 
     def __init__(self, device, *, max_batch, q_nodes, hq, hkv, dqk, dv):
         self.device = _validate.concrete_device(torch.device(device))
-        plan = _core.attention_plan(self.device.index, max_batch, q_nodes, hq, hkv, dqk, dv)
-        if plan is None:
-            raise ValueError(
-                f"dqk: no compiled tile for {hq} query heads over {hkv} KV heads of head dim {dqk}"
-            )
+        # The split policy and sizes are the Rust crate's (SplitPlan), kept there.
+        self._plan = _core.AttentionPlan(self.device.index, max_batch, q_nodes, hq, hkv, dqk, dv)
         self.shape = (q_nodes, hq, hkv, dqk, dv)
         self.max_batch = max_batch
-        self._splits, part_floats = plan  # the split policy is the Rust crate's (SplitPlan)
-        self.part = torch.empty(max(part_floats, 1), dtype=torch.float32, device=self.device)
+        floats = max(self._plan.part_floats, 1)
+        self.part = torch.empty(floats, dtype=torch.float32, device=self.device)
         self.status = torch.empty(max_batch, dtype=torch.int32, device=self.device)
 
     def splits(self, bs: int) -> int:
         """Key splits per request in a call of ``bs`` requests."""
-        return self._splits[bs - 1]
+        return self._plan.splits(bs)
 
 
 def _tensor(name, x):
@@ -274,8 +271,7 @@ def _cuda_attention(a: dict, workspace: AttentionWorkspace | None) -> None:
         )
     arg["part"] = workspace.part
     arg["status"] = a["status"] if a["status"] is not None else workspace.status[: a["bs"]]
-    arg["splits"] = workspace.splits(a["bs"])
-    _core.cuda_tree_attention(*_cuda.launch_on(q.device), arg)
+    _core.cuda_tree_attention(*_cuda.launch_on(q.device), arg, workspace._plan)
 
 
 def launch_arg(a: dict) -> dict:

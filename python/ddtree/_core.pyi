@@ -136,11 +136,18 @@ def readback_newest(
     host: Tensor, nslots: int, slot_words: int, after: int, out: Tensor
 ) -> int | None: ...
 def cuda_tree_attention(
-    device: int, stream: int, a: dict[str, object]
-) -> None: ...  # a: _attention.launch_arg's dict plus the workspace's part, status, splits
-def attention_plan(
-    device: int, max_batch: int, q_nodes: int, hq: int, hkv: int, dqk: int, dv: int
-) -> tuple[list[int], int] | None: ...  # (splits per bs = 1..max_batch, part floats)
+    device: int, stream: int, a: dict[str, object], plan: AttentionPlan
+) -> None: ...  # a: _attention.launch_arg's dict plus the workspace's part and status
+
+class AttentionPlan:
+    """An attention workspace's launch plan (crates/ddtree-cuda's SplitPlan)."""
+
+    def __init__(
+        self, device: int, max_batch: int, q_nodes: int, hq: int, hkv: int, dqk: int, dv: int
+    ) -> None: ...
+    def splits(self, bs: int) -> int: ...
+    @property
+    def part_floats(self) -> int: ...
 
 # (temperature, top_k, top_p): each None, a number or a [bs] float/int tensor (checked by
 # the engine).

@@ -171,8 +171,9 @@ pub fn readback_layout(
 
 /// The attention kernels' `AttentionParams` but the launch geometry (which the launcher
 /// fills): the tensors (their addresses and row strides read here), shapes and scalars.
-/// `part`, `status` and `splits` are the workspace's: absent when an engine supplies its
-/// own (`CudaEngine.tree_attention`); a given `status` replaces the workspace's there.
+/// `part` and `status` are the workspace's: absent when an engine supplies its own
+/// (`CudaEngine.tree_attention`); a given `status` replaces the workspace's there. The key
+/// splits come from the workspace's `AttentionPlan` (Rust), never from Python.
 #[derive(FromPyObject)]
 #[pyo3(from_item_all)]
 pub struct AttentionArg<'py> {
@@ -195,8 +196,6 @@ pub struct AttentionArg<'py> {
     part: Option<Bound<'py, PyAny>>,
     #[pyo3(default)]
     status: Option<Bound<'py, PyAny>>,
-    #[pyo3(default)]
-    splits: Option<i32>,
     num_indices: i64,
     num_slots: i64,
     sm_scale_log2: f32,
@@ -219,19 +218,25 @@ impl AttentionArg<'_> {
         self.shape
     }
 
-    /// The workspace scratch the call carries (the functional API), or an error naming
-    /// `workspace`.
-    fn own_scratch(&self) -> PyResult<Scratch> {
-        let (Some(part), Some(status), Some(splits)) = (&self.part, &self.status, self.splits)
-        else {
+    /// The workspace scratch the call carries (the functional API), split by `plan`, or an
+    /// error naming `workspace`.
+    fn own_scratch(&self, plan: &AttentionPlan) -> PyResult<Scratch> {
+        let bs = self.shape[0] as usize;
+        let (Some(part), Some(status)) = (&self.part, &self.status) else {
             return Err(pyo3::exceptions::PyValueError::new_err(
                 "workspace: the call carries no attention workspace",
             ));
         };
+        if bs == 0 || bs > plan.0.splits.len() {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "workspace: planned for at most {} requests, the call has {bs}",
+                plan.0.splits.len()
+            )));
+        }
         Ok(Scratch {
             part: data_ptr(part)? as u64,
             status: data_ptr(status)? as u64,
-            splits,
+            splits: plan.0.splits_for(bs) as i32,
         })
     }
 
@@ -326,38 +331,68 @@ fn rows(t: &Bound<'_, PyAny>, name: &str) -> PyResult<(u64, i64, i64)> {
     Ok((ptr, s0, s1))
 }
 
-/// Tree verify attention on the GPU with the call's own workspace: the index check, the
-/// attention blocks and the merge.
+/// Tree verify attention on the GPU with the call's own workspace and its `plan`: the
+/// index check, the attention blocks and the merge.
 #[pyfunction]
 pub fn cuda_tree_attention(
     py: Python<'_>,
     device: usize,
     stream: usize,
     a: AttentionArg<'_>,
+    plan: PyRef<'_, AttentionPlan>,
 ) -> PyResult<()> {
-    let w = a.own_scratch()?;
+    let w = a.own_scratch(&plan)?;
     a.launch(py, device, stream as u64, w)
 }
 
-/// The key splits per batch size (`[s(1), …, s(max_batch)]`) and the fp32 elements of the
-/// partial results of an attention workspace on CUDA device `device` (`SplitPlan`, for the
-/// blocks that device holds at once), or None when no compiled tile holds `dqk` or the
-/// heads do not divide.
-#[pyfunction]
-#[allow(clippy::too_many_arguments)]
-pub fn attention_plan(
-    device: usize,
-    max_batch: usize,
-    q_nodes: usize,
-    hq: usize,
-    hkv: usize,
-    dqk: usize,
-    dv: usize,
-) -> PyResult<Option<(Vec<usize>, usize)>> {
-    Ok(
+/// An attention workspace's launch plan (`SplitPlan`): the key splits per batch size and
+/// the size of the partial results, for the blocks its device holds at once. Opaque to
+/// Python but for what a workspace allocates and reports.
+#[pyclass(module = "ddtree._core", name = "AttentionPlan", frozen)]
+pub struct AttentionPlan(pub ddtree_cuda::attention::SplitPlan);
+
+#[pymethods]
+impl AttentionPlan {
+    /// The plan for calls of up to `max_batch` requests of `q_nodes` nodes with `hq` query
+    /// heads over `hkv` KV heads, head dims `dqk`/`dv`, on CUDA device `device`; a
+    /// `ValueError` naming `dqk` when no compiled tile holds it (or the heads do not divide).
+    #[new]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        device: usize,
+        max_batch: usize,
+        q_nodes: usize,
+        hq: usize,
+        hkv: usize,
+        dqk: usize,
+        dv: usize,
+    ) -> PyResult<Self> {
         split_plan(device, max_batch, q_nodes, (hq, hkv), (dqk, dv))?
-            .map(|p| (p.splits, p.part_floats)),
-    )
+            .map(Self)
+            .ok_or_else(|| {
+                pyo3::exceptions::PyValueError::new_err(format!(
+                    "dqk: no compiled tile for {hq} query heads over {hkv} KV heads of head \
+                     dim {dqk}"
+                ))
+            })
+    }
+
+    /// Key splits per request in a call of `bs` requests (1 ≤ bs ≤ max_batch).
+    fn splits(&self, bs: usize) -> PyResult<usize> {
+        if bs == 0 || bs > self.0.splits.len() {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "bs: must be in 1..={}, got {bs}",
+                self.0.splits.len()
+            )));
+        }
+        Ok(self.0.splits_for(bs))
+    }
+
+    /// fp32 elements of the partial results a workspace holds (0: no batch splits).
+    #[getter]
+    fn part_floats(&self) -> usize {
+        self.0.part_floats
+    }
 }
 
 /// `SplitPlan::new` for the blocks device `device` holds at once.

@@ -302,7 +302,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cuda_round::readback_layout, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_round::readback_newest, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_round::cuda_tree_attention, m)?)?;
-    m.add_function(wrap_pyfunction!(cuda_round::attention_plan, m)?)?;
+    m.add_class::<cuda_round::AttentionPlan>()?;
     m.add("CUDA_MAX_BUDGET", ddtree_cuda::launch::MAX_BUDGET)?;
     m.add("CUDA_MAX_K", ddtree_cuda::launch::MAX_K)?;
     m.add("CUDA_MAX_DEPTH", ddtree_cuda::launch::MAX_DEPTH)?;
