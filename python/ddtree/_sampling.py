@@ -36,9 +36,10 @@ def _check_scalar(name: str, value, kind) -> None:
 
 
 def is_greedy_number(temperature) -> bool:
-    """True for None or a plain number 0 (no check: the engine checks the value)."""
+    """True for None or a number equal to 0 (numpy's and Fraction's too: no seed is drawn
+    for a greedy accept); anything else is left to the engine's checks."""
     return temperature is None or (
-        isinstance(temperature, (int, float))
+        isinstance(temperature, numbers.Real)
         and not isinstance(temperature, bool)
         and temperature == 0
     )

@@ -380,6 +380,8 @@ class Stepper:
         self._check_open()
         heads = [_validate.positive_int(n, v) for n, v in (("hq", hq), ("hkv", hkv))]
         dims = [_validate.positive_int(n, v) for n, v in (("dqk", dqk), ("dv", dv))]
+        if heads[0] % heads[1]:
+            raise ValueError(f"hkv: {hkv} KV heads do not divide hq={hq} query heads")
         if self._cuda:
             self._engine.prepare_attention(tuple(heads), tuple(dims))
 
@@ -412,7 +414,9 @@ class Stepper:
         given["tree"] = self._tree
         a = _attention._check(given)  # every argument, named, before anything runs
         if self._cuda:
-            if not torch.cuda.is_current_stream_capturing():  # inside, it must exist already
+            with torch.cuda.device(self.device):  # this device's stream, whichever is current
+                capturing = torch.cuda.is_current_stream_capturing()
+            if not capturing:  # inside a capture the workspace must exist already
                 self.prepare_attention(hq=a["hq"], hkv=a["hkv"], dqk=a["dqk"], dv=a["dv"])
             self._engine.tree_attention(_attention.launch_arg(a))
         else:
@@ -432,7 +436,7 @@ class Stepper:
         if self._cuda and self._ring is not None:
             torch.cuda.synchronize(self.device)
         self._tree_bufs = self._acc_bufs = None
-        self._tree = self._acc = None
+        self._tree = self._acc = self._next_acc = None
         self._trees.clear()
         self._accs.clear()
         self._kept_views.clear()

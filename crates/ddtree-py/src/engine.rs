@@ -333,7 +333,7 @@ impl CudaEngine {
         let Some(w) = self.attention.get(&[hq, hkv, dqk, dv]) else {
             return Err(pyo3::exceptions::PyRuntimeError::new_err(format!(
                 "Stepper.tree_attention: no workspace for (hq, hkv, dqk, dv) = ({hq}, {hkv}, \
-                 {dqk}, {dv}); call attention_workspace() first (outside a capture)"
+                 {dqk}, {dv}); call prepare_attention() first (outside a capture)"
             )));
         };
         let scratch = Scratch {
