@@ -73,11 +73,19 @@ def accept_into(tree, target_logits, acc, temperature, top_k, top_p, generator) 
 
 def cpu_accept_into(tree, t, acc, temperature, top_k, top_p, generator) -> None:
     """The CPU walk for checked target logits: greedy, or with per-request sampling."""
-    params = sampling_params(tree.batch_size, temperature, top_k, top_p)
+    params, seed = cpu_sampling(tree.batch_size, temperature, top_k, top_p, generator)
     if params is None:
         _cpu.accept_greedy_into(tree, t, acc)
     else:
-        _cpu.accept_sampled_into(tree, t, acc, params, seed_of(generator))
+        _cpu.accept_sampled_into(tree, t, acc, params, seed)
+
+
+def cpu_sampling(bs: int, temperature, top_k, top_p, generator) -> tuple:
+    """The CPU path's (per-request parameter tensors, seed), or (None, 0) when every request
+    is greedy: the parameters are checked first, and a seed is drawn (advancing a
+    torch.Generator) only when some request samples."""
+    params = sampling_params(bs, temperature, top_k, top_p)
+    return (None, 0) if params is None else (params, seed_of(generator))
 
 
 def cuda_accept_into(tree, t, acc, temperature, top_k, top_p, generator) -> None:

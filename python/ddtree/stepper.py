@@ -190,8 +190,7 @@ class Stepper:
             return acc
         # Every argument is checked before a seed is drawn (that advances a torch.Generator).
         self._engine.check_target(target_logits)  # shape, vocabulary, device: named
-        params = _api.sampling_params(tree.batch_size, temperature, top_k, top_p)
-        seed = 0 if params is None else _api.seed_of(generator)
+        params, seed = _api.cpu_sampling(tree.batch_size, temperature, top_k, top_p, generator)
         self._engine.accept(target_logits, params, seed)
         self._acc = acc
         self._publish(acc, readback)

@@ -241,19 +241,19 @@ impl Engine {
     }
 
     /// The `SamplingLoad` that writes the per-request parameters (temperature, top_k,
-    /// top_p: scalars or the caller's tensors) for the last step's requests and/or
-    /// (`seed`) restarts the generator.
+    /// top_p: scalars or the caller's tensors) for the last step's requests and, with a
+    /// `seed`, restarts the generator.
     pub fn sampling_load(
         &self,
-        params: Option<[ParamSource; 3]>,
+        params: [ParamSource; 3],
         seed: Option<i64>,
     ) -> Result<SamplingLoad, CudaError> {
         let r = self.round("Stepper.accept")?;
         Ok(SamplingLoad {
             to: self.bufs.sampling,
-            from: params.unwrap_or_default(),
+            from: params,
             seed: seed.unwrap_or(0),
-            bs: if params.is_some() { r.bs as i32 } else { 0 },
+            bs: r.bs as i32,
             reseed: i32::from(seed.is_some()),
         })
     }

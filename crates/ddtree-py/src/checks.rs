@@ -127,11 +127,11 @@ impl Checks {
     }
 
     /// Target logits checked against the last step's tree (`planner`): tensor, dtype,
-    /// device, rank, then the tree's shape and the draft's vocabulary.
-    pub fn target(&self, planner: &Planner, x: &Bound<'_, PyAny>) -> PyResult<Logits> {
+    /// device, rank, then the tree's shape and the draft's vocabulary; with that round.
+    pub fn target(&self, planner: &Planner, x: &Bound<'_, PyAny>) -> PyResult<(Logits, Round)> {
         let t = self.logits(x, "target_logits")?;
-        planner.plan_accept(t.shape).map_err(errors::to_py)?;
-        Ok(t)
+        let r = planner.plan_accept(t.shape).map_err(errors::to_py)?;
+        Ok((t, r))
     }
 
     /// How torch names the device: `cpu`, `cuda:0`.

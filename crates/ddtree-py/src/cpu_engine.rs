@@ -111,11 +111,7 @@ impl CpuEngine {
         params: Option<Params<'py>>,
         seed: u64,
     ) -> PyResult<Bound<'py, PyTuple>> {
-        let t = self.checks.target(&self.planner, target_logits)?;
-        let r = self
-            .planner
-            .plan_accept(t.shape)
-            .map_err(crate::errors::to_py)?;
+        let (t, r) = self.checks.target(&self.planner, target_logits)?;
         let target = tensor_arg(&t, "target_logits")?;
         let (links, acc) = (
             self.tree.links(r.bs, r.q()),

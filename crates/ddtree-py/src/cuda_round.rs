@@ -221,22 +221,15 @@ impl AttentionArg<'_> {
     /// The workspace scratch the call carries (the functional API), split by `plan`, or an
     /// error naming `workspace`.
     fn own_scratch(&self, plan: &AttentionPlan) -> PyResult<Scratch> {
-        let bs = self.shape[0] as usize;
         let (Some(part), Some(status)) = (&self.part, &self.status) else {
             return Err(pyo3::exceptions::PyValueError::new_err(
                 "workspace: the call carries no attention workspace",
             ));
         };
-        if bs == 0 || bs > plan.0.splits.len() {
-            return Err(pyo3::exceptions::PyValueError::new_err(format!(
-                "workspace: planned for at most {} requests, the call has {bs}",
-                plan.0.splits.len()
-            )));
-        }
         Ok(Scratch {
             part: data_ptr(part)? as u64,
             status: data_ptr(status)? as u64,
-            splits: plan.0.splits_for(bs) as i32,
+            splits: plan.splits(self.shape[0] as usize)? as i32,
         })
     }
 

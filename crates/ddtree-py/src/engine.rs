@@ -141,14 +141,10 @@ impl CudaEngine {
         let (t, sources) = self.check_accept(target_logits, params.as_ref())?;
         let sources = sources.filter(|[temperature, _, _]| !temperature.is_greedy());
         let sampled = sources.is_some();
-        let load = match sources {
-            Some(s) => Some(
-                self.engine
-                    .sampling_load(Some(s), seed)
-                    .map_err(errors::cuda_to_py)?,
-            ),
-            None => None,
-        };
+        let load = sources
+            .map(|s| self.engine.sampling_load(s, seed))
+            .transpose()
+            .map_err(errors::cuda_to_py)?;
         let stream = self.stream(py)?;
         // SAFETY: checked live device logits of the last tree's shape, and parameter
         // tensors on this device (the caller keeps them alive until the stream reads them).
@@ -406,7 +402,7 @@ impl CudaEngine {
         x: &Bound<'_, PyAny>,
         params: Option<&Params<'_>>,
     ) -> PyResult<(Logits, Option<[ParamSource; 3]>)> {
-        let t = self.checks.target(&self.engine.planner, x)?;
+        let (t, _) = self.checks.target(&self.engine.planner, x)?;
         let Some((temperature, top_k, top_p)) = params else {
             return Ok((t, None));
         };
