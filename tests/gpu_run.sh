@@ -2,14 +2,16 @@
 # The GPU recipe, run on the lent H200 through the device tool (see README "GPU"):
 # installs the wheel built here (carried in wheels/), runs the GPU-marked tests,
 # compute-sanitizer memcheck + racecheck on a small batch, and the GPU benchmark.
-# Logs go to $OUT. STEPS selects parts: "tests sanitize bench loop attention" (default: all;
+# Logs go to $OUT. STEPS selects parts: "tests portable sanitize bench loop attention" (default:
+# all; "portable" re-runs the attention tests, and "attention-portable" the attention bench,
+# through the portable kernel that compute capability 9.0 otherwise skips;
 # "host" times the host side of each Stepper call; "hunt" adds issue 12's long top-k tie
 # search, HUNT_SECONDS long);
 # PYTEST_K (a -k expression), BENCH_ARGS, LOOP_ARGS and ATTN_ARGS narrow the tests and
 # benchmarks.
 set -u
 OUT=${OUT:-/tmp/ddtree-gpu-out}
-STEPS=${STEPS:-"tests sanitize bench loop attention"}
+STEPS=${STEPS:-"tests portable sanitize bench loop attention"}
 mkdir -p "$OUT"
 rm -rf /tmp/site  # a warm machine keeps the last wheel; pip --target would not replace it
 pip install --no-index --no-deps --target /tmp/site wheels/ddtree-*.whl >/tmp/install.log 2>&1 \
@@ -23,11 +25,20 @@ for step in $STEPS; do
     tests)
         python3 -m pytest tests -m gpu -q -p no:cacheprovider -s ${PYTEST_K:+-k "$PYTEST_K"} >>"$OUT/gpu-tests.log" 2>&1 || status=1
         tail -15 "$OUT/gpu-tests.log" ;;
+    portable)
+        # The attention tests again through the portable (sm_120) kernel on this H100/H200.
+        DDTREE_ATTENTION=portable python3 -m pytest tests/test_gpu_attention.py -m gpu -q \
+            -p no:cacheprovider ${PYTEST_K:+-k "$PYTEST_K"} >"$OUT/gpu-portable.log" 2>&1 || status=1
+        tail -5 "$OUT/gpu-portable.log" ;;
     sanitize)
         for tool in memcheck racecheck; do
             compute-sanitizer --tool "$tool" --error-exitcode 3 python3 tests/gpu_small.py \
                 >/tmp/sanitizer-$tool.log 2>&1 || status=1
             { echo "== $tool"; tail -3 /tmp/sanitizer-$tool.log; } | tee -a "$OUT/sanitizer.log"
+            DDTREE_ATTENTION=portable compute-sanitizer --tool "$tool" --error-exitcode 3 \
+                python3 tests/gpu_small.py attention >/tmp/sanitizer-p-$tool.log 2>&1 || status=1
+            { echo "== $tool, portable attention"; tail -3 /tmp/sanitizer-p-$tool.log; } \
+                | tee -a "$OUT/sanitizer.log"
         done ;;
     loop)
         python3 -m ddtree bench --loop --plot "$OUT/loop.png" ${LOOP_ARGS:-} >"$OUT/bench-loop.txt" \
@@ -46,6 +57,10 @@ for step in $STEPS; do
         python3 -m ddtree bench --attention ${ATTN_ARGS:-} >"$OUT/bench-attention.txt" 2>&1 \
             || status=1
         cat "$OUT/bench-attention.txt" ;;
+    attention-portable)
+        DDTREE_ATTENTION=portable python3 -m ddtree bench --attention ${ATTN_ARGS:-} \
+            >"$OUT/bench-attention-portable.txt" 2>&1 || status=1
+        cat "$OUT/bench-attention-portable.txt" ;;
     esac
 done
 exit $status

@@ -7,6 +7,8 @@ Marked `gpu`: skipped without CUDA.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -95,6 +97,21 @@ def test_random_cases_equal_the_dense_reference(chunk):
 )
 def test_long_prefixes(case):
     check(make_case(device=DEV, **case), case)
+
+
+@pytest.mark.parametrize(
+    "dims, tile", [((576, 512), "d576vk"), ((128, 128), "d128"), ((64, 64), "d64")]
+)
+def test_compute_capability_9_takes_the_hopper_kernel_unless_told_portable(dims, tile):
+    """The tests of this file run twice on the H200 (tests/gpu_run.sh): as is, through the
+    sm_90a kernel, and with DDTREE_ATTENTION=portable, through the sm_120 one."""
+    hkv = 1 if dims[0] == 576 else 2
+    ws = ddtree.AttentionWorkspace(
+        DEV, max_batch=2, q_nodes=16, hq=8, hkv=hkv, dqk=dims[0], dv=dims[1]
+    )
+    portable = os.environ.get("DDTREE_ATTENTION") == "portable"
+    hopper = torch.cuda.get_device_capability() == (9, 0) and not portable
+    assert ws.tile == ("sm90a_" if hopper else "") + tile
 
 
 def test_gpu_equals_the_cpu_path():

@@ -1,5 +1,6 @@
 //! Compiles every `kernels/*.cu` with nvcc 13.0 into one fatbin per file (sm_90 and sm_120
-//! machine code plus compute_90 and compute_120 PTX) and generates `kernels.rs`, which
+//! machine code plus compute_90 and compute_120 PTX; a `*_sm90a.cu` file, Hopper-only
+//! instructions, sm_90a machine code alone) and generates `kernels.rs`, which
 //! embeds them as constants. nvcc: `$DDTREE_NVCC`, else the build Python's
 //! `nvidia/cu13/bin/nvcc` (the pinned PyPI wheels of pyproject.toml's build requirements).
 
@@ -56,10 +57,16 @@ fn compile(nvcc: &Path, src: &Path, include: &Path, fatbin: &Path) {
     let mut cmd = Command::new(nvcc);
     cmd.args(["-fatbin", "-O3", "-std=c++17", "-Xptxas=-warn-spills"])
         .arg(format!("-I{}", include.display()));
-    for arch in ARCHS {
-        cmd.arg(format!(
-            "-gencode=arch=compute_{arch},code=[sm_{arch},compute_{arch}]"
-        ));
+    let stem = src.file_stem().unwrap().to_str().unwrap();
+    if stem.ends_with("_sm90a") {
+        // Hopper-only code (wgmma): machine code for sm_90a alone, loaded on CC 9.0 only.
+        cmd.arg("-gencode=arch=compute_90a,code=sm_90a");
+    } else {
+        for arch in ARCHS {
+            cmd.arg(format!(
+                "-gencode=arch=compute_{arch},code=[sm_{arch},compute_{arch}]"
+            ));
+        }
     }
     cmd.arg("-o").arg(fatbin).arg(src);
     let status = cmd

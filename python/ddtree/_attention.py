@@ -62,7 +62,9 @@ class AttentionWorkspace:
     The key range of a request is split across ``splits(bs)`` blocks (flash-decoding) so
     that the blocks fill whole waves of what the GPU holds at once (the Rust crate's
     ``SplitPlan``); the count depends only on the shapes, so replays of a captured call keep
-    their geometry."""
+    their geometry. On an H100/H200 (compute capability 9.0) the calls take the Hopper kernel
+    (wgmma) where one holds the head dim, unless ``DDTREE_ATTENTION=portable`` was set before
+    the device's first use."""
 
     def __init__(self, device, *, max_batch, q_nodes, hq, hkv, dqk, dv):
         self.device = _validate.concrete_device(torch.device(device))
@@ -77,6 +79,12 @@ class AttentionWorkspace:
     def splits(self, bs: int) -> int:
         """Key splits per request in a call of ``bs`` requests."""
         return self._plan.splits(bs)
+
+    @property
+    def tile(self) -> str:
+        """The compiled kernel tile the calls take, e.g. ``"d128"`` (portable, mma.sync) or
+        ``"sm90a_d576vk"`` (the Hopper kernel, on compute capability 9.0)."""
+        return self._plan.tile
 
 
 def _tensor(name, x):

@@ -6,8 +6,9 @@ Hq 8 and 16, and GQA 32/8 x 128; N tree tokens, prefix lengths and batch sizes a
 Beside ddtree in the same run: torch SDPA (flash) on the same keys without any mask — a
 lower bound for what a mask costs, with K/V already contiguous (no page gather) — and SDPA
 with the dense tree mask, what DDTree's reference verify does; ratios are against ddtree.
-Each row also prints ddtree's achieved TFLOP/s and GB/s of unique KV read, and its split
-count (key ranges per request).
+Each row also prints ddtree's achieved TFLOP/s and GB/s of unique KV read, its kernel tile
+(``sm90a_``: the Hopper kernel) and its split count (key ranges per request). With
+``DDTREE_ATTENTION=portable`` an H100/H200 runs the portable (sm_120) kernel instead.
 """
 
 from __future__ import annotations
@@ -134,6 +135,7 @@ def row(family, bs, n, prefix, reps, flush, device):
         "shape": f"{family} bs={bs} N={n} P={prefix}",
         "ddtree_us": ours,
         "splits": ws.splits(bs),
+        "tile": ws.tile,
         "tflops": flops / ours / 1e6,
         "gbps": kv_bytes / ours / 1e3,
         **cells,
@@ -153,7 +155,7 @@ def main(argv=None) -> int:
         f"of {args.reps}; command: python -m ddtree bench --attention {' '.join(argv or [])}"
     )
     print(
-        "shape | ddtree µs | splits | TFLOP/s | GB/s KV | SDPA flash no mask µs (x) | "
+        "shape | ddtree µs | tile | splits | TFLOP/s | GB/s KV | SDPA flash no mask µs (x) | "
         "SDPA dense mask µs (x)"
     )
     for family in args.family:
@@ -172,7 +174,7 @@ def format_row(r) -> str:
         return v if isinstance(v, str) else f"{v:.0f} ({v / r['ddtree_us']:.2f}x)"
 
     return (
-        f"{r['shape']} | {r['ddtree_us']:.0f} | {r['splits']} | {r['tflops']:.1f} | "
+        f"{r['shape']} | {r['ddtree_us']:.0f} | {r['tile']} | {r['splits']} | {r['tflops']:.1f} | "
         f"{r['gbps']:.0f} | {cell('sdpa_flash_nomask')} | {cell('sdpa_dense_mask')}"
     )
 

@@ -60,6 +60,9 @@ pub struct AttentionParams {
 /// per warp, `warps` warps, `kt` keys per tile, `col_warps` warps side by side over the
 /// value columns (the others over 16 query rows each), `v_in_k`: the values are read from
 /// the K tile (V a view of K's first columns, MLA's absorbed form), `stages` tiles in flight.
+/// A `hopper` tile is `DDTREE_ATTENTION_HOPPER` in attention_sm90a.cu (kernel
+/// `ddtree_attention_sm90a_{dtype}_{name}`): its warps come in warpgroups of four, `dvc` is a
+/// warpgroup's value columns and `col_warps / 4` the warpgroups side by side over them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Variant {
     pub name: &'static str,
@@ -70,6 +73,7 @@ pub struct Variant {
     pub col_warps: usize,
     pub v_in_k: bool,
     pub stages: usize,
+    pub hopper: bool,
 }
 
 const fn variant(name: &'static str, d: usize, dvc: usize, warps: usize, kt: usize) -> Variant {
@@ -82,6 +86,23 @@ const fn variant(name: &'static str, d: usize, dvc: usize, warps: usize, kt: usi
         col_warps: 1,
         v_in_k: false,
         stages: 2,
+        hopper: false,
+    }
+}
+
+/// A Hopper tile: `rg` warpgroups over the rows (64 each), `cg` over the value columns
+/// (`dvw` each), 64 keys per tile, two stages.
+const fn hopper(name: &'static str, d: usize, dvw: usize, rg: usize, cg: usize) -> Variant {
+    Variant {
+        name,
+        d,
+        dvc: dvw,
+        warps: 4 * rg * cg,
+        kt: 64,
+        col_warps: cg,
+        v_in_k: false,
+        stages: 2,
+        hopper: true,
     }
 }
 
@@ -99,13 +120,30 @@ pub const VARIANTS: [Variant; 5] = [
         ..variant("d576vk", 576, 256, 4, 16)
     },
 ];
+/// The sm_90a tiles (wgmma, up to 227 KB of shared memory), loaded on compute capability 9.0
+/// only; a head dim none of them holds takes the portable tile.
+pub const HOPPER_VARIANTS: [Variant; 4] = [
+    hopper("d64", 64, 64, 2, 1),
+    hopper("d128", 128, 128, 2, 1),
+    hopper("d256", 256, 256, 2, 1),
+    Variant {
+        v_in_k: true,
+        ..hopper("d576vk", 576, 256, 1, 2)
+    },
+];
+/// Most dynamic shared memory a Hopper block may have (227 KB).
+pub const HOPPER_SMEM: usize = 227 * 1024;
 /// Shared-row padding, elements (`kAttnPad`).
 const PAD: usize = 8;
 
 impl Variant {
     /// Query rows per block.
     pub fn rows(&self) -> usize {
-        16 * (self.warps / self.col_warps)
+        if self.hopper {
+            64 * (self.warps / 4 / self.col_warps)
+        } else {
+            16 * (self.warps / self.col_warps)
+        }
     }
     /// Value columns per block.
     pub fn block_cols(&self) -> usize {
@@ -113,6 +151,11 @@ impl Variant {
     }
     /// Dynamic shared memory of a block (`AttnTile::kSmem`) for `elem` bytes per element.
     pub fn smem_bytes(&self, elem: usize) -> usize {
+        if self.hopper {
+            // Unpadded swizzled buffers (`HopperTile::kSmem`), plus 1 KB for their alignment.
+            let v = if self.v_in_k { 0 } else { self.block_cols() };
+            return elem * (self.rows() * self.d + self.stages * self.kt * (self.d + v)) + 1024;
+        }
         let qs = self.d + PAD;
         let vs = if self.v_in_k {
             0
@@ -130,9 +173,20 @@ impl Variant {
     /// The variant for query/key head dim `dqk`: the smallest that holds it, the one that
     /// reads V from the K tile when `v_in_k` and one exists for that size.
     pub fn for_head_dim(dqk: usize, v_in_k: bool) -> Option<(usize, Variant)> {
-        let d = VARIANTS.iter().map(|v| v.d).filter(|&d| dqk <= d).min()?;
+        Self::in_table(&VARIANTS, dqk, v_in_k)
+    }
+
+    /// The tile a call takes: a Hopper tile when `hopper` (the device has them) and one
+    /// holds `dqk`, else the portable one. The index is into the variant's own table.
+    pub fn for_call(hopper: bool, dqk: usize, v_in_k: bool) -> Option<(usize, Variant)> {
+        let fast = Self::in_table(&HOPPER_VARIANTS, dqk, v_in_k).filter(|_| hopper);
+        fast.or_else(|| Self::for_head_dim(dqk, v_in_k))
+    }
+
+    fn in_table(table: &[Variant], dqk: usize, v_in_k: bool) -> Option<(usize, Variant)> {
+        let d = table.iter().map(|v| v.d).filter(|&d| dqk <= d).min()?;
         let of_size = || {
-            VARIANTS
+            table
                 .iter()
                 .copied()
                 .enumerate()
@@ -160,6 +214,8 @@ pub struct SplitPlan {
     pub splits: Vec<usize>,
     /// fp32 elements of the partial results (`part`), 0 when no batch splits.
     pub part_floats: usize,
+    /// The kernel tile planned for: its name, `sm90a_` first for a Hopper tile.
+    pub tile: String,
 }
 
 /// Most key splits per request: past this the merge's cost outgrows the gain.
@@ -182,24 +238,23 @@ pub fn splits_for(blocks: usize, resident: usize) -> usize {
 
 impl SplitPlan {
     /// The plan for `max_batch` requests of a tree of `q_nodes` nodes, `hq` query heads
-    /// over `hkv` KV heads, head dims `dqk`/`dv`, on a GPU that holds `resident` attention
-    /// blocks at once (`resident_blocks`). `None` when no compiled tile holds `dqk` or the
-    /// heads do not divide. The tile is the one a call whose V is a view of K takes when
-    /// `dv <= dqk` (MLA's usual form); a call that takes the other tile of that size runs
-    /// with the same splits, which `part` holds.
+    /// over `hkv` KV heads, head dims `dqk`/`dv`, with attention tile `v` on a GPU that
+    /// holds `resident` of its blocks at once (`resident_blocks`). `None` when the heads do
+    /// not divide. The tile is the one a call whose V is a view of K takes when `dv <= dqk`
+    /// (MLA's usual form); a call that takes another tile runs with the same splits, which
+    /// `part` holds.
     pub fn new(
         max_batch: usize,
         q_nodes: usize,
         heads: (usize, usize),
         dims: (usize, usize),
-        resident: usize,
+        tile: (&Variant, usize),
     ) -> Option<Self> {
-        let ((hq, hkv), (dqk, dv)) = (heads, dims);
+        let ((hq, hkv), (_, dv), (v, resident)) = (heads, dims, tile);
         if hkv == 0 || hq % hkv != 0 || max_batch == 0 {
             return None;
         }
-        let (_, v) = Variant::for_head_dim(dqk, dv <= dqk)?;
-        let (row_tiles, dv_chunks) = geometry(&v, q_nodes, hq / hkv, dv);
+        let (row_tiles, dv_chunks) = geometry(v, q_nodes, hq / hkv, dv);
         let per_request = hkv * row_tiles * dv_chunks;
         let splits: Vec<usize> = (1..=max_batch)
             .map(|bs| splits_for(bs * per_request, resident))
@@ -216,9 +271,11 @@ impl SplitPlan {
         } else {
             0
         };
+        let tile = format!("{}{}", if v.hopper { "sm90a_" } else { "" }, v.name);
         Some(Self {
             splits,
             part_floats,
+            tile,
         })
     }
 
@@ -228,15 +285,20 @@ impl SplitPlan {
     }
 }
 
-/// The attention blocks of the tile for `dqk`/`dv` (as `SplitPlan` picks it) that device
-/// `ordinal` holds at once: its multiprocessors times the blocks of that kernel one keeps
-/// resident, by the driver's occupancy for the kernel's threads, registers and shared
-/// memory. `None` when no compiled tile holds `dqk`.
-pub fn resident_blocks(ordinal: usize, dqk: usize, dv: usize) -> Result<Option<usize>, CudaError> {
-    let Some((index, v)) = Variant::for_head_dim(dqk, dv <= dqk) else {
+/// The tile a call of head dims `dqk`/`dv` takes on device `ordinal` (as `SplitPlan` plans
+/// it: V a view of K when `dv <= dqk`) and the blocks of it the device holds at once: its
+/// multiprocessors times the blocks one keeps resident, by the driver's occupancy for the
+/// kernel's threads, registers and shared memory. `None` when no compiled tile holds `dqk`.
+pub fn resident_blocks(
+    ordinal: usize,
+    dqk: usize,
+    dv: usize,
+) -> Result<Option<(Variant, usize)>, CudaError> {
+    let (dev, _ctx) = enter_device(ordinal)?;
+    let hopper = dev.attention_hopper.is_some();
+    let Some((index, v)) = Variant::for_call(hopper, dqk, dv <= dqk) else {
         return Ok(None);
     };
-    let (dev, _ctx) = enter_device(ordinal)?;
     let sms = dev
         .ctx
         .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
@@ -244,13 +306,13 @@ pub fn resident_blocks(ordinal: usize, dqk: usize, dv: usize) -> Result<Option<u
     // SAFETY: a loaded kernel of this device, its context current.
     let per_sm = unsafe {
         cudarc::driver::result::occupancy::max_active_block_per_multiprocessor(
-            dev.attention[index],
+            dev.attention_fn(&v, index, false),
             (32 * v.warps) as i32,
             v.smem_bytes(2),
         )
     }
     .map_err(|e| CudaError::driver("cuOccupancyMaxActiveBlocksPerMultiprocessor", e))?;
-    Ok(Some((sms.max(1) * per_sm.max(1)) as usize))
+    Ok(Some((v, (sms.max(1) * per_sm.max(1)) as usize)))
 }
 
 /// Launches the check, the attention blocks and (with `p.splits` > 1) the merge on
@@ -269,7 +331,9 @@ pub unsafe fn tree_attention(
     v_in_k: bool,
 ) -> Result<(), CudaError> {
     let dqk = p.dqk as usize;
-    let Some((index, v)) = Variant::for_head_dim(dqk, v_in_k && p.dv <= p.dqk) else {
+    let (dev, _ctx) = enter_device(ordinal)?;
+    let hopper = dev.attention_hopper.is_some();
+    let Some((index, v)) = Variant::for_call(hopper, dqk, v_in_k && p.dv <= p.dqk) else {
         return Err(CudaError::arg(format!(
             "q: head dim {dqk} exceeds the largest compiled tile ({})",
             VARIANTS[VARIANTS.len() - 1].d
@@ -291,7 +355,6 @@ pub unsafe fn tree_attention(
     let (row_tiles, dv_chunks) = geometry(&v, p.q_nodes as usize, group, p.dv as usize);
     p.row_tiles = row_tiles as i32;
     p.dv_chunks = dv_chunks as i32;
-    let (dev, _ctx) = enter_device(ordinal)?;
     let stream = stream as CUstream;
     let z = (p.bs * p.hkv) as u32;
     let mut args = Params::new();
@@ -305,7 +368,7 @@ pub unsafe fn tree_attention(
         stream,
         &mut args,
     )?;
-    let f = dev.attention[index + if f16 { VARIANTS.len() } else { 0 }];
+    let f = dev.attention_fn(&v, index, f16);
     let grid = ((row_tiles * dv_chunks) as u32, p.splits as u32, z);
     let mut args = Params::new();
     args.arg(&p);
@@ -358,6 +421,38 @@ mod tests {
                 assert!(entry.contains(&line), "attention.cu lacks {line}");
             }
         }
+        let entry = include_str!("../../../kernels/attention_sm90a.cu");
+        for v in HOPPER_VARIANTS {
+            let (rg, cg) = (v.warps / 4 / v.col_warps, v.col_warps);
+            let line = format!("({}, {}, {}, {rg}, {cg}, {},", v.name, v.d, v.dvc, v.v_in_k);
+            assert!(entry.contains(&line), "attention_sm90a.cu lacks {line}");
+            assert_eq!((v.kt, v.stages), (64, 2), "HopperTile's KT and ST");
+        }
+    }
+
+    #[test]
+    fn hopper_tiles_fit_227_kb_and_serve_calls_only_on_hopper() {
+        for v in HOPPER_VARIANTS {
+            assert!(v.smem_bytes(2) <= HOPPER_SMEM, "{v:?}");
+            assert_eq!(v.d % 64, 0);
+        }
+        let mla = HOPPER_VARIANTS[3];
+        assert_eq!((mla.rows(), mla.block_cols()), (64, 512));
+        // Q 64 x 576, two K tiles of 64 x 576, bf16, plus the alignment slack.
+        assert_eq!(mla.smem_bytes(2), 2 * 3 * 64 * 576 + 1024);
+        assert_eq!(
+            (HOPPER_VARIANTS[1].rows(), HOPPER_VARIANTS[1].block_cols()),
+            (128, 128)
+        );
+        assert_eq!(geometry(&mla, 256, 8, 512), (32, 1));
+        let pick = |hopper, dqk, vk| Variant::for_call(hopper, dqk, vk).map(|(_, v)| v);
+        assert_eq!(pick(true, 576, true), Some(mla));
+        assert_eq!(pick(false, 576, true), Some(VARIANTS[4]));
+        // No Hopper tile reads a separate V of head dim 576: the portable one serves it.
+        assert_eq!(pick(true, 576, false), Some(VARIANTS[3]));
+        // A Hopper tile that loads V also serves a call whose V is a view of K.
+        assert_eq!(pick(true, 96, true), Some(HOPPER_VARIANTS[1]));
+        assert_eq!(pick(true, 1024, false), None);
     }
 
     #[test]
@@ -400,15 +495,18 @@ mod tests {
     #[test]
     fn a_split_plan_sizes_the_partials_for_its_largest_need() {
         // MLA Hq=8, Q=256 (64 row tiles of one value chunk per request) on 264 slots.
-        let p = SplitPlan::new(8, 256, (8, 1), (576, 512), 264).unwrap();
+        let mla = (&VARIANTS[4], 264);
+        let p = SplitPlan::new(8, 256, (8, 1), (576, 512), mla).unwrap();
         assert_eq!(&p.splits[..4], &[4, 2, 4, 1]);
         let most = (1..=8).map(|bs| bs * p.splits_for(bs)).max().unwrap();
         assert_eq!(p.part_floats, most * 256 * 8 * 514);
         // Enough blocks without splitting: no scratch at all.
-        let p = SplitPlan::new(4, 256, (32, 8), (128, 128), 16).unwrap();
+        let p = SplitPlan::new(4, 256, (32, 8), (128, 128), (&VARIANTS[1], 16)).unwrap();
         assert_eq!((p.splits.clone(), p.part_floats), (vec![1; 4], 0));
-        assert!(SplitPlan::new(4, 16, (3, 2), (64, 64), 264).is_none());
-        assert!(SplitPlan::new(4, 16, (8, 1), (1024, 512), 264).is_none());
+        assert!(SplitPlan::new(4, 16, (3, 2), (64, 64), (&VARIANTS[0], 264)).is_none());
+        // The Hopper MLA tile holds 64 rows: 32 row tiles per request, so fewer splits.
+        let p = SplitPlan::new(2, 256, (8, 1), (576, 512), (&HOPPER_VARIANTS[3], 132)).unwrap();
+        assert_eq!((p.splits, p.tile.as_str()), (vec![4, 2], "sm90a_d576vk"));
     }
 
     #[test]

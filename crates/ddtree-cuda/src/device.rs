@@ -67,6 +67,10 @@ pub struct Device {
     pub attention_check: CUfunction,
     pub attention: Vec<CUfunction>,
     pub attention_merge: [CUfunction; 2],
+    /// The sm_90a blocks per [`crate::attention::HOPPER_VARIANTS`] entry (bf16 then f16):
+    /// loaded on compute capability 9.0 unless `DDTREE_ATTENTION=portable` was set when the
+    /// device was first used (then every call takes the portable tiles, as on sm_120).
+    pub attention_hopper: Option<Vec<CUfunction>>,
     _modules: Vec<CUmodule>,
 }
 
@@ -152,17 +156,22 @@ impl Device {
         for a in accept_fns {
             allow_dynamic_smem(a, crate::accept::ACCEPT_SMEM_CAP)?;
         }
-        let mut attention_fns = Vec::new();
-        for dtype in ["bf16", "f16"] {
-            for v in crate::attention::VARIANTS {
-                let a = f(attention, &format!("ddtree_attention_{dtype}_{}", v.name))?;
-                allow_dynamic_smem(a, v.smem_bytes(2))?;
-                attention_fns.push(a);
-            }
-        }
+        let attention_fns = attention_blocks(attention, "", &crate::attention::VARIANTS)?;
+        let portable = std::env::var("DDTREE_ATTENTION").is_ok_and(|v| v == "portable");
+        let attention_hopper = if cc == 90 && !portable {
+            let m = load(kernels::ATTENTION_SM90A, "attention_sm90a")?;
+            Some(attention_blocks(
+                m,
+                "sm90a_",
+                &crate::attention::HOPPER_VARIANTS,
+            )?)
+        } else {
+            None
+        };
         Ok(Self {
             attention_check: f(attention, "ddtree_attention_check")?,
             attention: attention_fns,
+            attention_hopper,
             attention_merge: [
                 f(attention, "ddtree_attention_merge_bf16")?,
                 f(attention, "ddtree_attention_merge_f16")?,
@@ -184,6 +193,43 @@ impl Device {
             ctx,
         })
     }
+}
+
+impl Device {
+    /// The attention kernel of tile `v` (entry `index` of its table), bf16 or fp16.
+    pub fn attention_fn(
+        &self,
+        v: &crate::attention::Variant,
+        index: usize,
+        f16: bool,
+    ) -> CUfunction {
+        let fns = match (&self.attention_hopper, v.hopper) {
+            (Some(h), true) => h,
+            _ => &self.attention,
+        };
+        fns[index + if f16 { fns.len() / 2 } else { 0 }]
+    }
+}
+
+/// The attention kernels `ddtree_attention_{prefix}{dtype}_{name}` of `table`, bf16 then f16,
+/// each allowed its tile's shared memory.
+fn attention_blocks(
+    module: CUmodule,
+    prefix: &str,
+    table: &[crate::attention::Variant],
+) -> Result<Vec<CUfunction>, CudaError> {
+    let mut fns = Vec::new();
+    for dtype in ["bf16", "f16"] {
+        for v in table {
+            let a = function(
+                module,
+                &format!("ddtree_attention_{prefix}{dtype}_{}", v.name),
+            )?;
+            allow_dynamic_smem(a, v.smem_bytes(2))?;
+            fns.push(a);
+        }
+    }
+    Ok(fns)
 }
 
 /// Loads one embedded fatbin; says which images it has when none fits the device.

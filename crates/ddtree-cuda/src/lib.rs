@@ -407,6 +407,7 @@ pub fn embedded_images() -> Vec<(&'static str, Vec<fatbin::Image>)> {
         ("accept", kernels::ACCEPT),
         ("commit", kernels::COMMIT),
         ("attention", kernels::ATTENTION),
+        ("attention_sm90a", kernels::ATTENTION_SM90A),
     ]
     .into_iter()
     .map(|(name, data)| (name, fatbin::images(data).unwrap_or_default()))
@@ -418,6 +419,15 @@ mod tests {
     #[test]
     fn every_module_holds_sm90_and_sm120_code_and_ptx() {
         for (name, imgs) in super::embedded_images() {
+            if name.ends_with("_sm90a") {
+                // Hopper-only instructions: sm_90a machine code (listed as 90), nothing else.
+                let only = vec![super::fatbin::Image {
+                    ptx: false,
+                    arch: 90,
+                }];
+                assert_eq!(imgs, only, "{name}");
+                continue;
+            }
             for arch in [90, 120] {
                 for ptx in [false, true] {
                     assert!(

@@ -386,6 +386,12 @@ impl AttentionPlan {
     fn part_floats(&self) -> usize {
         self.0.part_floats
     }
+
+    /// The kernel tile the plan's calls take ("sm90a_d576vk": the Hopper kernel).
+    #[getter]
+    fn tile(&self) -> &str {
+        &self.0.tile
+    }
 }
 
 /// `SplitPlan::new` for the blocks device `device` holds at once.
@@ -398,8 +404,9 @@ pub fn split_plan(
 ) -> PyResult<Option<ddtree_cuda::attention::SplitPlan>> {
     let resident = ddtree_cuda::attention::resident_blocks(device, dims.0, dims.1)
         .map_err(errors::cuda_to_py)?;
-    Ok(resident
-        .and_then(|r| ddtree_cuda::attention::SplitPlan::new(max_batch, q_nodes, heads, dims, r)))
+    Ok(resident.and_then(|(v, r)| {
+        ddtree_cuda::attention::SplitPlan::new(max_batch, q_nodes, heads, dims, (&v, r))
+    }))
 }
 
 /// The device table of the caches' base addresses (int64 `[n]` on `device`), which

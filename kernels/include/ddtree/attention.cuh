@@ -184,6 +184,197 @@ __device__ __forceinline__ void load_row(T* dst, const T* src, int n, int width,
   }
 }
 
+// Pool rows of key t of the request's P + Q: a prefix token's slot (one page-table read), or
+// a tree node's row of k_new/v_new. V starts at value column col0. Null when !valid.
+template <typename T>
+struct KeyRows {
+  const T* k;
+  const T* v;
+};
+template <typename T>
+__device__ __forceinline__ KeyRows<T> key_rows(const AttentionParams& p, int b, int g,
+                                               long long start, long long prefix, long long t,
+                                               bool valid, int col0) {
+  const T* k_new = static_cast<const T*>(p.k_new);
+  const T* v_new = static_cast<const T*>(p.v_new);
+  if (!valid) return {k_new, v_new};  // never read (a zero-size copy fills zeros)
+  if (t < prefix) {
+    const long long slot = prefix_slot(p, start, t);
+    return {static_cast<const T*>(p.k_cache) + slot * p.kc_s0 + g * p.kc_s1,
+            static_cast<const T*>(p.v_cache) + slot * p.vc_s0 + g * p.vc_s1 + col0};
+  }
+  const long long row = static_cast<long long>(b) * p.q_nodes + (t - prefix);
+  return {k_new + row * p.kn_s0 + g * p.kn_s1, v_new + row * p.vn_s0 + g * p.vn_s1 + col0};
+}
+
+// The query row of M (a (node, head) pair) of request b and KV head g; null past M.
+template <typename T>
+__device__ __forceinline__ const T* query_row(const AttentionParams& p, int b, int g, int row,
+                                              int group, int m_rows) {
+  if (row >= m_rows) return nullptr;
+  const int node = row / group, h = g * group + row % group;
+  return static_cast<const T*>(p.q) + (static_cast<long long>(b) * p.q_nodes + node) * p.q_s0 +
+         h * p.q_s1;
+}
+
+// Scores of one tile of NT * 8 keys starting at key kt, in the m16n8 accumulator layout
+// (this thread's rows 0 and 1 of its fragment; key n * 8 + 2 * gc + (e & 1)): scaled to base
+// 2, keys past the split and tree nodes that are no ancestor of the row set to -inf, and
+// each row's maximum over its four lanes.
+template <int NT>
+__device__ __forceinline__ void score_tile(const AttentionParams& p, float (&s)[NT][4],
+                                           long long kt, long long k_end, long long prefix,
+                                           const int* const (&bits_of)[2], int gc,
+                                           float (&tile_max)[2]) {
+  constexpr int KT = NT * 8;
+  tile_max[0] = tile_max[1] = -INFINITY;
+  if (kt + KT <= min(k_end, prefix)) {  // a whole tile of prefix keys: nothing masked
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[n][e] *= p.sm_scale_log2;
+        tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[n][e]);
+      }
+  } else {
+    const int in_split = static_cast<int>(min(static_cast<long long>(KT), k_end - kt));
+    const int first_tree = static_cast<int>(max(0ll, min(static_cast<long long>(KT), prefix - kt)));
+    const int node0 = static_cast<int>(kt - prefix);  // tree node of the tile's key 0
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e >> 1, key = n * 8 + gc * 2 + (e & 1);
+        bool ok = key < in_split;
+        if (ok && key >= first_tree) {
+          const int j = node0 + key;
+          ok = (bits_of[h][j >> 5] >> (j & 31)) & 1;
+        }
+        s[n][e] = ok ? s[n][e] * p.sm_scale_log2 : -INFINITY;
+        tile_max[h] = fmaxf(tile_max[h], s[n][e]);
+      }
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
+    tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
+  }
+}
+
+// The online softmax of this thread's two rows: the running maximum m (base 2) and sum l.
+// The maximum moves (and the accumulators are rescaled) only when a row's tile maximum
+// passes it by more than kLazyRescale: below that the weights exp2(s - m) stay under
+// 2^kLazyRescale, exact enough in fp32 and bf16/fp16 alike, and the rescale of every
+// accumulator is skipped on most tiles. A warp decides as one, so its rows' m and l stay
+// consistent with its accumulators; warps that hold the same scores decide alike.
+struct RowSoftmax {
+  float m[2] = {-INFINITY, -INFINITY};
+  float l[2] = {0.0f, 0.0f};
+
+  // Rescales acc if the maximum moves, then writes the weights P (as 16-bit pairs, [n][row
+  // half]) and adds them to l.
+  template <typename T, int NT, int VT>
+  __device__ __forceinline__ void update(const float (&s)[NT][4], const float (&tile_max)[2],
+                                         float (&acc)[VT][4], uint32_t (&pa)[NT][2]) {
+    const bool grows = tile_max[0] > m[0] + kLazyRescale || tile_max[1] > m[1] + kLazyRescale;
+    if (__any_sync(0xffffffffu, grows)) {
+      float scale[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float m_new = fmaxf(m[h], tile_max[h]);
+        scale[h] = m_new == -INFINITY ? 1.0f : exp2f(m[h] - m_new);
+        m[h] = m_new;
+        l[h] *= scale[h];
+      }
+#pragma unroll
+      for (int t = 0; t < VT; ++t) {
+        acc[t][0] *= scale[0];
+        acc[t][1] *= scale[0];
+        acc[t][2] *= scale[1];
+        acc[t][3] *= scale[1];
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      float e[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int h = i >> 1;
+        e[i] = m[h] == -INFINITY ? 0.0f : exp2f(s[n][i] - m[h]);
+        l[h] += e[i];
+      }
+      pa[n][0] = MmaType<T>::pack(e[0], e[1]);
+      pa[n][1] = MmaType<T>::pack(e[2], e[3]);
+    }
+  }
+
+  // The row sums over the four lanes that share a row.
+  __device__ __forceinline__ void finish() {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+      l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    }
+  }
+};
+
+// Where a block's results go: request b, KV head g (z = b * Hkv + g), value columns
+// [col0, col0 + dv_here) of the block, this thread's two rows of M.
+struct RowsOut {
+  int z, b, g, group, m_rows, col0, dv_here;
+  int rows_of[2];
+};
+
+// This thread's results: the normalised rows (and LSE) when the call has one split, else
+// the split's partial (o, m, l) for the merge. `wcol`: the warp's first value column in the
+// block; gc: the lane's column pair.
+template <typename T, int VT>
+__device__ __forceinline__ void write_rows(const AttentionParams& p, const RowsOut& w,
+                                           const float (&acc)[VT][4], const RowSoftmax& sm,
+                                           int wcol, int gc) {
+  // Unrolled (h indexes acc) with guards, not a break or continue: a loop with a runtime
+  // exit would index acc dynamically and move it to local memory.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = w.rows_of[h];
+    if (row >= w.m_rows) continue;
+    const int node = row / w.group, head = w.g * w.group + row % w.group;
+    const long long qrow = static_cast<long long>(w.b) * p.q_nodes + node;
+    if (p.splits == 1) {
+      T* o = static_cast<T*>(p.out) + qrow * p.o_s0 + head * p.o_s1 + w.col0;
+      const float inv = sm.l[h] > 0.0f ? 1.0f / sm.l[h] : 0.0f;
+#pragma unroll
+      for (int t = 0; t < VT; ++t) {
+        const int c = wcol + t * 8 + gc * 2;
+        if (c < w.dv_here) {
+          o[c] = from_f32<T>(acc[t][2 * h] * inv);
+          o[c + 1] = from_f32<T>(acc[t][2 * h + 1] * inv);
+        }
+      }
+      if (p.lse != nullptr && w.col0 == 0 && wcol == 0 && gc == 0)
+        p.lse[qrow * p.hq + head] = (sm.m[h] + log2f(sm.l[h])) * 0.69314718055994531f;
+    } else {
+      const long long at =
+          ((static_cast<long long>(blockIdx.y) * p.bs * p.hkv + w.z) * w.m_rows + row) *
+          (p.dv + 2);
+      float* part = p.part + at;
+#pragma unroll
+      for (int t = 0; t < VT; ++t) {
+        const int c = wcol + t * 8 + gc * 2;
+        if (c < w.dv_here) {
+          part[w.col0 + c] = acc[t][2 * h];
+          part[w.col0 + c + 1] = acc[t][2 * h + 1];
+        }
+      }
+      if (w.col0 == 0 && wcol == 0 && gc == 0) {
+        part[p.dv] = sm.m[h];
+        part[p.dv + 1] = sm.l[h];
+      }
+    }
+  }
+}
+
 // One block: rows [row0, row0 + BM) of (request b, KV head g), value columns
 // [col0, col0 + DVB), keys [k_begin, k_end) of the request's P + Q, in tiles of KT keys
 // pipelined through cp.async (the next ST - 1 tiles load while one computes). Warp w takes
@@ -213,11 +404,6 @@ __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
   const long long k_begin = blockIdx.y * per, k_end = min(total, k_begin + per);
   const long long start = attn_indptr(p, b);
   const int dv_here = min(DVB, p.dv - col0);
-  const T* q = static_cast<const T*>(p.q);
-  const T* k_new = static_cast<const T*>(p.k_new);
-  const T* v_new = static_cast<const T*>(p.v_new);
-  const T* k_cache = static_cast<const T*>(p.k_cache);
-  const T* v_cache = static_cast<const T*>(p.v_cache);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int rw = warp % Tile::RW, wcol = (warp / Tile::RW) * DVC;  // rows, columns of the warp
   const int gr = lane >> 2, gc = lane & 3;  // fragment row group and column pair
@@ -234,26 +420,16 @@ __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
     T* vs = vbuf + (st * KT + my_key) * VS;
     const long long t = kt + my_key;
     const bool valid = t < k_end;
-    const T* krow = k_new;  // never read when !valid (a zero-size copy fills zeros)
-    const T* vrow = v_new;
-    if (valid && t < prefix) {
-      const long long slot = prefix_slot(p, start, t);
-      krow = k_cache + slot * p.kc_s0 + g * p.kc_s1;
-      vrow = v_cache + slot * p.vc_s0 + g * p.vc_s1 + col0;
-    } else if (valid) {
-      const long long row = static_cast<long long>(b) * p.q_nodes + (t - prefix);
-      krow = k_new + row * p.kn_s0 + g * p.kn_s1;
-      vrow = v_new + row * p.vn_s0 + g * p.vn_s1 + col0;
-    }
+    const KeyRows<T> rows = key_rows<T>(p, b, g, start, prefix, t, valid, col0);
 #pragma unroll
     for (int i = 0; i < KC / TPK; ++i) {
       const int c = (my_part + i * TPK) * 8;
-      cp_async16(ks + c, krow + c, valid && c < p.dqk);
+      cp_async16(ks + c, rows.k + c, valid && c < p.dqk);
     }
 #pragma unroll
     for (int i = 0; i < VC / TPK; ++i) {
       const int c = (my_part + i * TPK) * 8;
-      cp_async16(vs + c, vrow + c, valid && c < dv_here);
+      cp_async16(vs + c, rows.v + c, valid && c < dv_here);
     }
     cp_async_commit();
   };
@@ -268,27 +444,20 @@ __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
       cp_async_commit();
   }
   // The block's query rows: (node, head) pairs, zero rows past M.
-  for (int r = warp; r < BM; r += kWarps) {
-    const int row = row0 + r;
-    const T* src = nullptr;
-    if (row < m_rows) {
-      const int node = row / group, h = g * group + row % group;
-      src = q + (static_cast<long long>(b) * p.q_nodes + node) * p.q_s0 + h * p.q_s1;
-    }
-    load_row(qs + r * QS, src, p.dqk, D, lane, 32);
-  }
+  for (int r = warp; r < BM; r += kWarps)
+    load_row(qs + r * QS, query_row<T>(p, b, g, row0 + r, group, m_rows), p.dqk, D, lane, 32);
   // This thread's two rows of the warp's 16 and their tree nodes (for the ancestor bits).
   const int wr0 = rw * 16 + gr;
-  const int rows_of[2] = {row0 + wr0, row0 + wr0 + 8};
+  const RowsOut out{z, b, g, group, m_rows, col0, dv_here, {row0 + wr0, row0 + wr0 + 8}};
   const int* bits_of[2];
   for (int h = 0; h < 2; ++h) {
-    const int node = min(rows_of[h], m_rows - 1) / group;
+    const int node = min(out.rows_of[h], m_rows - 1) / group;
     bits_of[h] = p.ancestor_bits + (static_cast<long long>(b) * p.q_nodes + node) * p.words;
   }
   // ldmatrix row addresses: lane l serves row l % 8 of matrix l / 8.
   const int mi = lane >> 3, mr = lane & 7;
   const T* qa = qs + (rw * 16 + mr + (mi & 1) * 8) * QS + (mi >> 1) * 8;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  RowSoftmax sm;
   float acc[VT][4];
 #pragma unroll
   for (int t = 0; t < VT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
@@ -349,79 +518,10 @@ __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[n][e] += theirs[n * 4 + e];
     }
-    // Scale to base 2, mask (past the split, or a tree node that is no ancestor), and the
-    // online softmax update of this thread's two rows.
-    float tile_max[2] = {-INFINITY, -INFINITY};
-    if (kt + KT <= min(k_end, prefix)) {  // a whole tile of prefix keys: nothing masked
-#pragma unroll
-      for (int n = 0; n < NT; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          s[n][e] *= p.sm_scale_log2;
-          tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[n][e]);
-        }
-    } else {
-      // Keys past the split, and tree nodes that are no ancestor of the row, are masked.
-      const int in_split = static_cast<int>(min(static_cast<long long>(KT), k_end - kt));
-      const int first_tree = static_cast<int>(max(0ll, min(static_cast<long long>(KT), prefix - kt)));
-      const int node0 = static_cast<int>(kt - prefix);  // tree node of the tile's key 0
-#pragma unroll
-      for (int n = 0; n < NT; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int h = e >> 1, key = n * 8 + gc * 2 + (e & 1);
-          bool ok = key < in_split;
-          if (ok && key >= first_tree) {
-            const int j = node0 + key;
-            ok = (bits_of[h][j >> 5] >> (j & 31)) & 1;
-          }
-          s[n][e] = ok ? s[n][e] * p.sm_scale_log2 : -INFINITY;
-          tile_max[h] = fmaxf(tile_max[h], s[n][e]);
-        }
-      }
-    }
-    // The running maximum moves (and the accumulators are rescaled) only when a row's tile
-    // maximum passes it by more than kLazyRescale (base 2): below that the weights exp2(s - m)
-    // stay under 2^kLazyRescale, exact enough in fp32 and bf16/fp16 alike, and the rescale of
-    // every accumulator is skipped on most tiles. A warp decides as one (its rows' m and l
-    // stay consistent with its accumulators; the two warps of a CW pair hold the same S).
-    bool grows = false;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
-      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
-      grows |= tile_max[h] > m[h] + kLazyRescale;
-    }
-    if (__any_sync(0xffffffffu, grows)) {
-      float scale[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float m_new = fmaxf(m[h], tile_max[h]);
-        scale[h] = m_new == -INFINITY ? 1.0f : exp2f(m[h] - m_new);
-        m[h] = m_new;
-        l[h] *= scale[h];
-      }
-#pragma unroll
-      for (int t = 0; t < VT; ++t) {
-        acc[t][0] *= scale[0];
-        acc[t][1] *= scale[0];
-        acc[t][2] *= scale[1];
-        acc[t][3] *= scale[1];
-      }
-    }
+    float tile_max[2];
+    score_tile(p, s, kt, k_end, prefix, bits_of, gc, tile_max);
     uint32_t pa[NT][2];  // P as bf16/fp16 pairs: [n][row half]
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-      float e[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int h = i >> 1;
-        e[i] = m[h] == -INFINITY ? 0.0f : exp2f(s[n][i] - m[h]);
-        l[h] += e[i];
-      }
-      pa[n][0] = Mma::pack(e[0], e[1]);
-      pa[n][1] = Mma::pack(e[2], e[3]);
-    }
+    sm.update<T>(s, tile_max, acc, pa);
     // O += P V: keys are the k dimension, 16 per step; V fragments by transposing loads.
     const T* vb = vs + (mr + (mi & 1) * 8) * VS + (mi >> 1) * 8;
 #pragma unroll
@@ -436,52 +536,8 @@ __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
       }
     }
   }
-
-  // The row sums over the 4 lanes that share a row, then the results.
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-  }
-  // Unrolled (h indexes acc) with guards, not a break or continue: a loop with a runtime
-  // exit would index acc dynamically and move it to local memory.
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = rows_of[h];
-    if (row >= m_rows) continue;
-    const int node = row / group, head = g * group + row % group;
-    const long long qrow = static_cast<long long>(b) * p.q_nodes + node;
-    if (p.splits == 1) {
-      T* o = static_cast<T*>(p.out) + qrow * p.o_s0 + head * p.o_s1 + col0;
-      const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
-#pragma unroll
-      for (int t = 0; t < VT; ++t) {
-        const int c = wcol + t * 8 + gc * 2;
-        if (c < dv_here) {
-          o[c] = from_f32<T>(acc[t][2 * h] * inv);
-          o[c + 1] = from_f32<T>(acc[t][2 * h + 1] * inv);
-        }
-      }
-      if (p.lse != nullptr && col0 == 0 && wcol == 0 && gc == 0)
-        p.lse[qrow * p.hq + head] = (m[h] + log2f(l[h])) * 0.69314718055994531f;
-    } else {
-      const long long at =
-          ((static_cast<long long>(blockIdx.y) * p.bs * p.hkv + z) * m_rows + row) * (p.dv + 2);
-      float* part = p.part + at;
-#pragma unroll
-      for (int t = 0; t < VT; ++t) {
-        const int c = wcol + t * 8 + gc * 2;
-        if (c < dv_here) {
-          part[col0 + c] = acc[t][2 * h];
-          part[col0 + c + 1] = acc[t][2 * h + 1];
-        }
-      }
-      if (col0 == 0 && wcol == 0 && gc == 0) {
-        part[p.dv] = m[h];
-        part[p.dv + 1] = l[h];
-      }
-    }
-  }
+  sm.finish();
+  write_rows<T>(p, out, acc, sm, wcol, gc);
 }
 
 // The splits' partial results of one query row (blockIdx.x: a row of M, blockIdx.y: b*Hkv+g)

@@ -1,0 +1,25 @@
+// Entry points of the Hopper tree verify attention (include/ddtree/attention_hopper.cuh),
+// compiled for sm_90a only (wgmma) into its own module, which the Rust crate loads on a
+// compute capability 9.0 device; the index check and the merge are attention.cu's.
+#include "ddtree/attention_hopper.cuh"
+
+// grid (row_tiles * dv_chunks, splits, bs * Hkv), 128 * RG * CG threads,
+// HopperTile::kSmem bytes. (D, DVW, RG, CG, VK, MINB): head dim, value columns per
+// warpgroup, warpgroups over the rows (64 each) and over the value columns, values read
+// from the K tile, blocks an SM should hold (2 caps a thread at 128 registers).
+#define DDTREE_ATTENTION_HOPPER(NAME, T, D, DVW, RG, CG, VK, MINB)                        \
+  extern "C" __global__ void __launch_bounds__(128 * RG * CG, MINB)                     \
+      NAME(const __grid_constant__ ddtree::AttentionParams p) {                         \
+    extern __shared__ __align__(1024) unsigned char smem[];                             \
+    ddtree::attention_block_hopper<T, D, DVW, RG, CG, VK>(p, smem);                     \
+  }
+
+#define DDTREE_ATTENTION_HOPPER_DTYPES(NAME, D, DVW, RG, CG, VK, MINB)                      \
+  DDTREE_ATTENTION_HOPPER(ddtree_attention_sm90a_bf16_##NAME, __nv_bfloat16, D, DVW, RG, CG, \
+                          VK, MINB)                                                       \
+  DDTREE_ATTENTION_HOPPER(ddtree_attention_sm90a_f16_##NAME, __half, D, DVW, RG, CG, VK, MINB)
+
+DDTREE_ATTENTION_HOPPER_DTYPES(d64, 64, 64, 2, 1, false, 2)
+DDTREE_ATTENTION_HOPPER_DTYPES(d128, 128, 128, 2, 1, false, 2)
+DDTREE_ATTENTION_HOPPER_DTYPES(d256, 256, 256, 2, 1, false, 1)
+DDTREE_ATTENTION_HOPPER_DTYPES(d576vk, 576, 256, 1, 2, true, 1)

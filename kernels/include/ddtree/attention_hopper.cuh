@@ -1,0 +1,212 @@
+// Tree verify attention on Hopper (sm_90a): the same blocks, splits and results as
+// attention.cuh's attention_block, with warpgroup MMA (wgmma) in place of mma.sync and the
+// 227 KB of shared memory an H100/H200 block may have.
+//
+// A block has RG * CG warpgroups of 128 threads. Warpgroup (rg, cg) owns 64 query rows
+// (rows 64 * rg ..) and DVW value columns (columns DVW * cg ..). Per tile of KT = 64 keys it
+// computes S = Q K^T for its rows with Q and K both read from shared memory by the tensor
+// cores (no ldmatrix, no register copy of Q), runs the online softmax in registers
+// (RowSoftmax, the same as the portable kernel), and adds O += P V with P from registers and
+// V from shared memory. When CG = 2 (MLA: 512 value columns do not fit one warpgroup's
+// registers) both warpgroups of a row group compute the same S: the cost is a second QK^T
+// product, the gain is that no scores cross warpgroups.
+//
+// Shared memory holds Q, K and V in the tensor cores' 128-byte swizzled layout: a matrix is
+// stored as column blocks of 64 elements (128 bytes), each block rows x 128 bytes, and the
+// 16-byte chunk c of row r sits at chunk position c ^ (r % 8). K/V tiles are gathered from the
+// paged pool by cp.async (a page-table read per key, as in the portable kernel), ST stages
+// in flight.
+#pragma once
+#include "attention.cuh"
+#include "wgmma.cuh"
+
+namespace ddtree {
+
+template <int D, int DVW, int RG, int CG, bool VK, int ST = 2>
+struct HopperTile {
+  static constexpr int KT = 64;                // keys per tile (the N of the S product)
+  static constexpr int BM = 64 * RG;           // query rows per block
+  static constexpr int DVB = DVW * CG;         // value columns per block
+  static constexpr int kThreads = 128 * RG * CG;
+  static constexpr int kStages = ST;
+  static constexpr size_t kQ = static_cast<size_t>(BM) * D;   // elements of each buffer
+  static constexpr size_t kK = static_cast<size_t>(KT) * D;
+  static constexpr size_t kV = VK ? 0 : static_cast<size_t>(KT) * DVB;
+  // 16-bit elements, plus 1 KB to align the buffers to the swizzle's 1024-byte period.
+  static constexpr size_t kSmem = 2 * (kQ + ST * (kK + kV)) + 1024;
+  static_assert(D % 64 == 0 && DVW % 64 == 0, "whole 128-byte column blocks");
+  static_assert(kSmem <= 227 * 1024, "a Hopper block has at most 227 KB of shared memory");
+};
+
+// Element offset of 16-byte chunk c of row r in a swizzled matrix of `rows` rows.
+__device__ __forceinline__ int swizzled(int r, int c, int rows) {
+  return (c >> 3) * rows * 64 + r * 64 + (((c & 7) ^ (r & 7)) << 3);
+}
+
+// A wgmma shared-memory descriptor with 128-byte swizzle: start address, leading and stride
+// byte offsets (each in 16-byte units). Adding n to it moves the start by 16 * n bytes.
+__device__ __forceinline__ uint64_t smem_desc(const void* ptr, uint32_t lbo, uint32_t sbo) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
+  return static_cast<uint64_t>((a & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
+         (static_cast<uint64_t>(sbo >> 4) << 32) | (1ull << 62);
+}
+
+// Makes this thread's writes to shared memory by ordinary stores and cp.async visible to
+// the tensor cores' (async proxy) reads after the next barrier.
+__device__ __forceinline__ void fence_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// O += P V for one k16 step: DVW value columns from registers' P and the swizzled V block.
+template <bool kHalf, int DVW>
+__device__ __forceinline__ void pv_step(float* acc, const uint32_t* a, uint64_t v) {
+  if constexpr (DVW == 64)
+    wgmma::rs_n64<kHalf>(acc, a, v, 1);
+  else if constexpr (DVW == 128)
+    wgmma::rs_n128<kHalf>(acc, a, v, 1);
+  else
+    wgmma::rs_n256<kHalf>(acc, a, v, 1);
+}
+
+template <typename T, int D, int DVW, int RG, int CG, bool VK, int ST = 2>
+__device__ void attention_block_hopper(const AttentionParams& p, unsigned char* smem_raw) {
+  using Tile = HopperTile<D, DVW, RG, CG, VK, ST>;
+  constexpr bool kHalf = std::is_same<T, __half>::value;
+  constexpr int KT = Tile::KT, BM = Tile::BM, DVB = Tile::DVB, NT = KT / 8, VT = DVW / 8;
+  constexpr int KC = D / 8, VC = VK ? 0 : DVB / 8;  // 16-byte chunks of a K row, a V row
+  const uintptr_t base = (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023);
+  T* qs = reinterpret_cast<T*>(base);
+  T* kbuf = qs + Tile::kQ;         // [ST][D / 64][KT][64]
+  T* vbuf = kbuf + ST * Tile::kK;  // [ST][DVB / 64][KT][64] (unused with VK)
+
+  const int z = blockIdx.z, b = z / p.hkv, g = z % p.hkv;
+  if (p.status[b] != kStatusOk) return;
+  const int group = p.hq / p.hkv, m_rows = p.q_nodes * group;
+  const int rt = blockIdx.x / p.dv_chunks, col0 = (blockIdx.x % p.dv_chunks) * DVB;
+  const int row0 = rt * BM;
+  const long long prefix = p.prefix_lens[b], total = prefix + p.q_nodes;
+  const long long per = (total + p.splits - 1) / p.splits;
+  const long long k_begin = blockIdx.y * per, k_end = min(total, k_begin + per);
+  const long long start = attn_indptr(p, b);
+  const int dv_here = min(DVB, p.dv - col0);
+  const int tid = threadIdx.x, wg = tid / 128, rg = wg % RG, cg = wg / RG;
+  const int warp = (tid % 128) / 32, lane = tid % 32;
+  const int gr = lane >> 2, gc = lane & 3;
+
+  // Loads of the tile at key kt into stage st: TPK threads per key find its row once and
+  // copy its chunks to their swizzled places.
+  constexpr int TPK = Tile::kThreads / KT;
+  static_assert(Tile::kThreads % KT == 0 && KC % TPK == 0 && VC % TPK == 0,
+                "a tile's keys split evenly over the threads, and their rows over a key's");
+  const int my_key = tid / TPK, my_part = tid % TPK;
+  auto issue = [&](long long kt, int st) {
+    T* ks = kbuf + st * Tile::kK;
+    T* vs = vbuf + st * Tile::kV;
+    const long long t = kt + my_key;
+    const bool valid = t < k_end;
+    const KeyRows<T> rows = key_rows<T>(p, b, g, start, prefix, t, valid, col0);
+#pragma unroll
+    for (int i = 0; i < KC / TPK; ++i) {
+      const int c = my_part + i * TPK;
+      cp_async16(ks + swizzled(my_key, c, KT), rows.k + c * 8, valid && c * 8 < p.dqk);
+    }
+#pragma unroll
+    for (int i = 0; i < VC / TPK; ++i) {
+      const int c = my_part + i * TPK;
+      cp_async16(vs + swizzled(my_key, c, KT), rows.v + c * 8, valid && c * 8 < dv_here);
+    }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int i = 0; i < ST - 1; ++i) {
+    const long long kt = k_begin + static_cast<long long>(i) * KT;
+    if (kt < k_end)
+      issue(kt, i);
+    else
+      cp_async_commit();
+  }
+  // The block's query rows, zero past M (and past dqk).
+  for (int i = tid; i < BM * KC; i += Tile::kThreads) {
+    const int r = i / KC, c = i % KC;
+    const T* src = query_row<T>(p, b, g, row0 + r, group, m_rows);
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (src != nullptr && c * 8 < p.dqk) v = *reinterpret_cast<const uint4*>(src + c * 8);
+    *reinterpret_cast<uint4*>(qs + swizzled(r, c, BM)) = v;
+  }
+
+  // This thread's two rows (the m64 accumulator layout: warp w of the warpgroup holds rows
+  // 16 w .. 16 w + 15, as mma.sync's m16 per warp) and their tree nodes.
+  const int wr0 = rg * 64 + warp * 16 + gr;
+  const RowsOut out{z, b, g, group, m_rows, col0, dv_here, {row0 + wr0, row0 + wr0 + 8}};
+  const int* bits_of[2];
+  for (int h = 0; h < 2; ++h) {
+    const int node = min(out.rows_of[h], m_rows - 1) / group;
+    bits_of[h] = p.ancestor_bits + (static_cast<long long>(b) * p.q_nodes + node) * p.words;
+  }
+  // Descriptors: Q's rows of this warpgroup and each stage's K and V. K-major (Q, K): rows
+  // 128 bytes apart, 8-row groups 1024 apart. V read MN-major (transposed): 8-key groups
+  // 1024 bytes apart, 64-column blocks KT * 128 apart.
+  const uint64_t q_desc = smem_desc(qs + rg * 64 * 64, 16, 1024);
+  const uint64_t k_desc = smem_desc(kbuf, 16, 1024);
+  const T* v_first = VK ? kbuf : vbuf;
+  const uint64_t v_desc = smem_desc(v_first + cg * (DVW / 64) * KT * 64, KT * 128, 1024);
+  constexpr uint32_t kStageK = Tile::kK * 2 / 16, kStageV = (VK ? Tile::kK : Tile::kV) * 2 / 16;
+
+  RowSoftmax sm;
+  float acc[VT][4];
+#pragma unroll
+  for (int t = 0; t < VT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
+
+  int st = 0;
+  for (long long kt = k_begin; kt < k_end; kt += KT, st = st + 1 == ST ? 0 : st + 1) {
+    cp_async_wait<ST - 2>();
+    fence_async_shared();  // this thread's copies (and Q's stores) to the tensor cores
+    __syncthreads();
+    {
+      const long long ahead = kt + static_cast<long long>(ST - 1) * KT;
+      const int fill = st == 0 ? ST - 1 : st - 1;
+      if (ahead < k_end)
+        issue(ahead, fill);
+      else
+        cp_async_commit();
+    }
+    // S = Q K^T: D / 16 steps; step kk reads bytes 32 * (kk % 4) of column block kk / 4.
+    float s[NT][4];
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t q_at = ((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4;
+      const uint32_t k_at = ((kk >> 2) * KT * 128 + (kk & 3) * 32) >> 4;
+      wgmma::ss_n64<kHalf>(&s[0][0], q_desc + q_at, k_desc + st * kStageK + k_at, kk > 0);
+    }
+    wgmma::commit();
+    wgmma::wait<0>();
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) wgmma::fence_operand(s[n][e]);
+
+    float tile_max[2];
+    score_tile(p, s, kt, k_end, prefix, bits_of, gc, tile_max);
+    uint32_t pa[NT][2];
+    sm.update<T>(s, tile_max, acc, pa);
+
+    // O += P V: KT / 16 steps of 16 keys (2048 bytes of the V block each).
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < KT / 16; ++kk) {
+      const uint32_t a[4] = {pa[2 * kk][0], pa[2 * kk][1], pa[2 * kk + 1][0], pa[2 * kk + 1][1]};
+      pv_step<kHalf, DVW>(&acc[0][0], a, v_desc + st * kStageV + kk * (16 * 128 / 16));
+    }
+    wgmma::commit();
+    wgmma::wait<0>();  // the stage is free for the refill after the next barrier
+#pragma unroll
+    for (int t = 0; t < VT; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) wgmma::fence_operand(acc[t][e]);
+  }
+  sm.finish();
+  write_rows<T>(p, out, acc, sm, cg * DVW, gc);
+}
+
+}  // namespace ddtree
