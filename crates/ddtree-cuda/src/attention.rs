@@ -152,9 +152,16 @@ impl Variant {
     /// Dynamic shared memory of a block (`AttnTile::kSmem`) for `elem` bytes per element.
     pub fn smem_bytes(&self, elem: usize) -> usize {
         if self.hopper {
-            // Unpadded swizzled buffers (`HopperTile::kSmem`), plus 1 KB for their alignment.
+            // Unpadded swizzled buffers (`HopperTile::kSmem`), with a key split's P block and
+            // exchanged fp32 rows, plus 1 KB for their alignment.
             let v = if self.v_in_k { 0 } else { self.block_cols() };
-            return elem * (self.rows() * self.d + self.stages * self.kt * (self.d + v)) + 1024;
+            let (p, x) = if self.col_warps == 2 {
+                (64 * self.kt, 4 * 2 * 64)
+            } else {
+                (0, 0)
+            };
+            let halves = self.rows() * self.d + self.stages * self.kt * (self.d + v) + p;
+            return elem * halves + x + 1024;
         }
         let qs = self.d + PAD;
         let vs = if self.v_in_k {
@@ -438,8 +445,9 @@ mod tests {
         }
         let mla = HOPPER_VARIANTS[3];
         assert_eq!((mla.rows(), mla.block_cols()), (64, 512));
-        // Q 64 x 576, two K tiles of 64 x 576, bf16, plus the alignment slack.
-        assert_eq!(mla.smem_bytes(2), 2 * 3 * 64 * 576 + 1024);
+        // Q 64 x 576, two K tiles of 64 x 576 and P 64 x 64, bf16; two fp32 rows of 64; the
+        // alignment slack.
+        assert_eq!(mla.smem_bytes(2), 2 * (3 * 64 * 576 + 64 * 64) + 512 + 1024);
         assert_eq!(
             (HOPPER_VARIANTS[1].rows(), HOPPER_VARIANTS[1].block_cols()),
             (128, 128)

@@ -8,8 +8,10 @@
 // cores (no ldmatrix, no register copy of Q), runs the online softmax in registers
 // (RowSoftmax, the same as the portable kernel), and adds O += P V with P from registers and
 // V from shared memory. When CG = 2 (MLA: 512 value columns do not fit one warpgroup's
-// registers) both warpgroups of a row group compute the same S: the cost is a second QK^T
-// product, the gain is that no scores cross warpgroups.
+// registers) the two warpgroups of the 64 rows split the tile's keys instead: each computes
+// S for 32 keys, they swap their row maxima through shared memory, and each writes its half
+// of P there, so that both read the whole P (64 x 64, one swizzled block) for O += P V from
+// shared memory. Their running maxima stay equal; their row sums are added at the end.
 //
 // Shared memory holds Q, K and V in the tensor cores' 128-byte swizzled layout: a matrix is
 // stored as column blocks of 64 elements (128 bytes), each block rows x 128 bytes, and the
@@ -32,8 +34,13 @@ struct HopperTile {
   static constexpr size_t kQ = static_cast<size_t>(BM) * D;   // elements of each buffer
   static constexpr size_t kK = static_cast<size_t>(KT) * D;
   static constexpr size_t kV = VK ? 0 : static_cast<size_t>(KT) * DVB;
-  // 16-bit elements, plus 1 KB to align the buffers to the swizzle's 1024-byte period.
-  static constexpr size_t kSmem = 2 * (kQ + ST * (kK + kV)) + 1024;
+  // CG = 2: P (64 x KT) and the exchanged row maxima or sums (fp32 [2][64]).
+  static constexpr size_t kP = CG == 2 ? static_cast<size_t>(64) * KT : 0;
+  static constexpr size_t kX = CG == 2 ? 2 * 64 : 0;
+  // 16-bit elements and the exchange, plus 1 KB to align the buffers to the swizzle's
+  // 1024-byte period.
+  static constexpr size_t kSmem = 2 * (kQ + ST * (kK + kV) + kP) + 4 * kX + 1024;
+  static_assert(CG == 1 || (CG == 2 && RG == 1), "a key split pairs the two warpgroups");
   static_assert(D % 64 == 0 && DVW % 64 == 0, "whole 128-byte column blocks");
   static_assert(kSmem <= 227 * 1024, "a Hopper block has at most 227 KB of shared memory");
 };
@@ -68,6 +75,35 @@ __device__ __forceinline__ void pv_step(float* acc, const uint32_t* a, uint64_t 
     wgmma::rs_n256<kHalf>(acc, a, v, 1);
 }
 
+// S = Q K^T over the head dim for NS * 8 keys: D / 16 steps; step kk reads bytes
+// 32 * (kk % 4) of column block kk / 4 of Q (BM rows) and of K (KT rows).
+template <bool kHalf, int D, int NS, int BM, int KT>
+__device__ __forceinline__ void qk(float* s, uint64_t q_desc, uint64_t k_desc) {
+  wgmma::fence();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const uint32_t q_at = ((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4;
+    const uint32_t k_at = ((kk >> 2) * KT * 128 + (kk & 3) * 32) >> 4;
+    if constexpr (NS == 8)
+      wgmma::ss_n64<kHalf>(s, q_desc + q_at, k_desc + k_at, kk > 0);
+    else
+      wgmma::ss_n32<kHalf>(s, q_desc + q_at, k_desc + k_at, kk > 0);
+  }
+  wgmma::commit();
+  wgmma::wait<0>();
+#pragma unroll
+  for (int i = 0; i < NS * 4; ++i) wgmma::fence_operand(s[i]);
+}
+
+// A value of this thread's row h (0, 1) that the partner warpgroup of a key split needs:
+// posted to x[cg][row], the block meets, and the partner's is returned. The next post is
+// one block barrier later, after the partner has read this one.
+__device__ __forceinline__ float swap_rows(float* x, int cg, int row, int gc, float v) {
+  if (gc == 0) x[cg * 64 + row] = v;
+  __syncthreads();
+  return x[(1 - cg) * 64 + row];
+}
+
 template <typename T, int D, int DVW, int RG, int CG, bool VK, int ST = 2>
 __device__ void attention_block_hopper(const AttentionParams& p, unsigned char* smem_raw) {
   using Tile = HopperTile<D, DVW, RG, CG, VK, ST>;
@@ -78,6 +114,8 @@ __device__ void attention_block_hopper(const AttentionParams& p, unsigned char* 
   T* qs = reinterpret_cast<T*>(base);
   T* kbuf = qs + Tile::kQ;         // [ST][D / 64][KT][64]
   T* vbuf = kbuf + ST * Tile::kK;  // [ST][DVB / 64][KT][64] (unused with VK)
+  T* pbuf = vbuf + ST * Tile::kV;  // [64][KT] (CG = 2)
+  float* xrow = reinterpret_cast<float*>(pbuf + Tile::kP);  // [2][64] (CG = 2)
 
   const int z = blockIdx.z, b = z / p.hkv, g = z % p.hkv;
   if (p.status[b] != kStatusOk) return;
@@ -151,6 +189,7 @@ __device__ void attention_block_hopper(const AttentionParams& p, unsigned char* 
   const T* v_first = VK ? kbuf : vbuf;
   const uint64_t v_desc = smem_desc(v_first + cg * (DVW / 64) * KT * 64, KT * 128, 1024);
   constexpr uint32_t kStageK = Tile::kK * 2 / 16, kStageV = (VK ? Tile::kK : Tile::kV) * 2 / 16;
+  const uint64_t p_desc = smem_desc(pbuf, 16, 1024);  // P of a key split: K-major, 64 rows
 
   RowSoftmax sm;
   float acc[VT][4];
@@ -170,33 +209,48 @@ __device__ void attention_block_hopper(const AttentionParams& p, unsigned char* 
       else
         cp_async_commit();
     }
-    // S = Q K^T: D / 16 steps; step kk reads bytes 32 * (kk % 4) of column block kk / 4.
-    float s[NT][4];
-    wgmma::fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t q_at = ((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4;
-      const uint32_t k_at = ((kk >> 2) * KT * 128 + (kk & 3) * 32) >> 4;
-      wgmma::ss_n64<kHalf>(&s[0][0], q_desc + q_at, k_desc + st * kStageK + k_at, kk > 0);
-    }
-    wgmma::commit();
-    wgmma::wait<0>();
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) wgmma::fence_operand(s[n][e]);
-
+    // S = Q K^T for this warpgroup's keys of the tile: all KT, or half with a key split.
+    constexpr int NS = NT / CG;
+    float s[NS][4];
+    const uint64_t k_half = k_desc + st * kStageK + (cg * NS * 8 * 128 >> 4);
+    qk<kHalf, D, NS, BM, KT>(&s[0][0], q_desc, CG == 2 ? k_half : k_desc + st * kStageK);
     float tile_max[2];
-    score_tile(p, s, kt, k_end, prefix, bits_of, gc, tile_max);
-    uint32_t pa[NT][2];
+    score_tile(p, s, kt + cg * NS * 8, k_end, prefix, bits_of, gc, tile_max);
+    if constexpr (CG == 2) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        tile_max[h] = fmaxf(tile_max[h], swap_rows(xrow, cg, warp * 16 + gr + 8 * h, gc,
+                                                   tile_max[h]));
+    }
+    uint32_t pa[NS][2];
     sm.update<T>(s, tile_max, acc, pa);
 
     // O += P V: KT / 16 steps of 16 keys (2048 bytes of the V block each).
-    wgmma::fence();
+    const uint64_t v_st = v_desc + st * kStageV;
+    if constexpr (CG == 2) {
+      // Each warpgroup's half of P to its 32 columns of the shared P block, then O += P V
+      // with P read from there (K-major, like Q).
 #pragma unroll
-    for (int kk = 0; kk < KT / 16; ++kk) {
-      const uint32_t a[4] = {pa[2 * kk][0], pa[2 * kk][1], pa[2 * kk + 1][0], pa[2 * kk + 1][1]};
-      pv_step<kHalf, DVW>(&acc[0][0], a, v_desc + st * kStageV + kk * (16 * 128 / 16));
+      for (int n = 0; n < NS; ++n)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = warp * 16 + gr + 8 * h;
+          *reinterpret_cast<uint32_t*>(pbuf + swizzled(r, cg * NS + n, 64) + 2 * gc) = pa[n][h];
+        }
+      fence_async_shared();
+      __syncthreads();
+      wgmma::fence();
+#pragma unroll
+      for (int kk = 0; kk < KT / 16; ++kk)
+        wgmma::sst_n256<kHalf>(&acc[0][0], p_desc + kk * 2, v_st + kk * (16 * 128 / 16), 1);
+    } else {
+      wgmma::fence();
+#pragma unroll
+      for (int kk = 0; kk < KT / 16; ++kk) {
+        const uint32_t a[4] = {pa[2 * kk][0], pa[2 * kk][1], pa[2 * kk + 1][0],
+                               pa[2 * kk + 1][1]};
+        pv_step<kHalf, DVW>(&acc[0][0], a, v_st + kk * (16 * 128 / 16));
+      }
     }
     wgmma::commit();
     wgmma::wait<0>();  // the stage is free for the refill after the next barrier
@@ -206,6 +260,10 @@ __device__ void attention_block_hopper(const AttentionParams& p, unsigned char* 
       for (int e = 0; e < 4; ++e) wgmma::fence_operand(acc[t][e]);
   }
   sm.finish();
+  if constexpr (CG == 2) {  // each warpgroup summed its half of the keys
+#pragma unroll
+    for (int h = 0; h < 2; ++h) sm.l[h] += swap_rows(xrow, cg, warp * 16 + gr + 8 * h, gc, sm.l[h]);
+  }
   write_rows<T>(p, out, acc, sm, cg * DVW, gc);
 }
 
