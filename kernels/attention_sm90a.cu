@@ -6,12 +6,13 @@
 // grid (row_tiles * dv_chunks, splits, bs * Hkv), 128 * RG * CG threads,
 // HopperTile::kSmem bytes. (D, DVW, RG, CG, VK, MINB): head dim, value columns per
 // warpgroup, warpgroups over the rows (64 each) and over the value columns, values read
-// from the K tile, blocks an SM should hold (2 caps a thread at 128 registers).
+// from the K tile, blocks an SM should hold (2 caps a thread at 128 registers); an SM that
+// holds one block stages each tile's page ids in shared memory a tile ahead.
 #define DDTREE_ATTENTION_HOPPER(NAME, T, D, DVW, RG, CG, VK, MINB)                        \
   extern "C" __global__ void __launch_bounds__(128 * RG * CG, MINB)                     \
       NAME(const __grid_constant__ ddtree::AttentionParams p) {                         \
     extern __shared__ __align__(1024) unsigned char smem[];                             \
-    ddtree::attention_block_hopper<T, D, DVW, RG, CG, VK>(p, smem);                     \
+    ddtree::attention_block_hopper<T, D, DVW, RG, CG, VK, MINB == 1>(p, smem);          \
   }
 
 #define DDTREE_ATTENTION_HOPPER_DTYPES(NAME, D, DVW, RG, CG, VK, MINB)                      \

@@ -153,7 +153,7 @@ impl Variant {
     pub fn smem_bytes(&self, elem: usize) -> usize {
         if self.hopper {
             // Unpadded swizzled buffers (`HopperTile::kSmem`), with a key split's P block and
-            // exchanged fp32 rows, plus 1 KB for their alignment.
+            // exchanged fp32 rows, two tiles' 8-byte page ids, and 1 KB for the alignment.
             let v = if self.v_in_k { 0 } else { self.block_cols() };
             let (p, x) = if self.col_warps == 2 {
                 (64 * self.kt, 4 * 2 * 64)
@@ -161,7 +161,12 @@ impl Variant {
                 (0, 0)
             };
             let halves = self.rows() * self.d + self.stages * self.kt * (self.d + v) + p;
-            return elem * halves + x + 1024;
+            let ids = if self.stages_page_ids() {
+                8 * 2 * self.kt
+            } else {
+                0
+            };
+            return elem * halves + x + ids + 1024;
         }
         let qs = self.d + PAD;
         let vs = if self.v_in_k {
@@ -177,6 +182,13 @@ impl Variant {
         };
         elem * (self.rows() * qs + self.stages * self.kt * (qs + vs)) + 4 * sums
     }
+    /// A Hopper tile of which an SM holds one block (MINB 1 in attention_sm90a.cu: d256 and
+    /// MLA) stages each tile's page ids in shared memory a tile ahead; with two blocks per
+    /// SM the other block hides the page-table read.
+    pub fn stages_page_ids(&self) -> bool {
+        self.hopper && self.d >= 256
+    }
+
     /// The variant for query/key head dim `dqk`: the smallest that holds it, the one that
     /// reads V from the K tile when `v_in_k` and one exists for that size.
     pub fn for_head_dim(dqk: usize, v_in_k: bool) -> Option<(usize, Variant)> {
@@ -445,9 +457,12 @@ mod tests {
         }
         let mla = HOPPER_VARIANTS[3];
         assert_eq!((mla.rows(), mla.block_cols()), (64, 512));
-        // Q 64 x 576, two K tiles of 64 x 576 and P 64 x 64, bf16; two fp32 rows of 64; the
-        // alignment slack.
-        assert_eq!(mla.smem_bytes(2), 2 * (3 * 64 * 576 + 64 * 64) + 512 + 1024);
+        // Q 64 x 576, two K tiles of 64 x 576 and P 64 x 64, bf16; two fp32 rows of 64; two
+        // tiles' page ids; the alignment slack.
+        assert_eq!(
+            mla.smem_bytes(2),
+            2 * (3 * 64 * 576 + 64 * 64) + 512 + 1024 + 1024
+        );
         assert_eq!(
             (HOPPER_VARIANTS[1].rows(), HOPPER_VARIANTS[1].block_cols()),
             (128, 128)

@@ -184,20 +184,36 @@ __device__ __forceinline__ void load_row(T* dst, const T* src, int n, int width,
   }
 }
 
-// Pool rows of key t of the request's P + Q: a prefix token's slot (one page-table read), or
-// a tree node's row of k_new/v_new. V starts at value column col0. Null when !valid.
+// Rows of key t of the request's P + Q: a prefix token's at its pool slot `slot`, or a tree
+// node's row of k_new/v_new (slot unused). V starts at value column col0. Never read (the
+// copy is zero-size) when !valid.
 template <typename T>
 struct KeyRows {
   const T* k;
   const T* v;
 };
 template <typename T>
+__device__ __forceinline__ KeyRows<T> key_rows_at(const AttentionParams& p, int b, int g,
+                                                  long long prefix, long long t, long long slot,
+                                                  bool valid, int col0) {
+  const T* k_new = static_cast<const T*>(p.k_new);
+  const T* v_new = static_cast<const T*>(p.v_new);
+  if (!valid) return {k_new, v_new};
+  if (t < prefix)
+    return {static_cast<const T*>(p.k_cache) + slot * p.kc_s0 + g * p.kc_s1,
+            static_cast<const T*>(p.v_cache) + slot * p.vc_s0 + g * p.vc_s1 + col0};
+  const long long row = static_cast<long long>(b) * p.q_nodes + (t - prefix);
+  return {k_new + row * p.kn_s0 + g * p.kn_s1, v_new + row * p.vn_s0 + g * p.vn_s1 + col0};
+}
+// The same with the prefix token's slot read from the page table here (written out rather
+// than through key_rows_at: that form costs sm_120's d128 tile a 20-byte spill).
+template <typename T>
 __device__ __forceinline__ KeyRows<T> key_rows(const AttentionParams& p, int b, int g,
                                                long long start, long long prefix, long long t,
                                                bool valid, int col0) {
   const T* k_new = static_cast<const T*>(p.k_new);
   const T* v_new = static_cast<const T*>(p.v_new);
-  if (!valid) return {k_new, v_new};  // never read (a zero-size copy fills zeros)
+  if (!valid) return {k_new, v_new};
   if (t < prefix) {
     const long long slot = prefix_slot(p, start, t);
     return {static_cast<const T*>(p.k_cache) + slot * p.kc_s0 + g * p.kc_s1,

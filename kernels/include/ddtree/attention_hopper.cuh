@@ -24,7 +24,7 @@
 
 namespace ddtree {
 
-template <int D, int DVW, int RG, int CG, bool VK, int ST = 2>
+template <int D, int DVW, int RG, int CG, bool VK, bool SI, int ST = 2>
 struct HopperTile {
   static constexpr int KT = 64;                // keys per tile (the N of the S product)
   static constexpr int BM = 64 * RG;           // query rows per block
@@ -37,9 +37,12 @@ struct HopperTile {
   // CG = 2: P (64 x KT) and the exchanged row maxima or sums (fp32 [2][64]).
   static constexpr size_t kP = CG == 2 ? static_cast<size_t>(64) * KT : 0;
   static constexpr size_t kX = CG == 2 ? 2 * 64 : 0;
-  // 16-bit elements and the exchange, plus 1 KB to align the buffers to the swizzle's
-  // 1024-byte period.
-  static constexpr size_t kSmem = 2 * (kQ + ST * (kK + kV) + kP) + 4 * kX + 1024;
+  // SI: the page-table entries of the next two tiles (8 bytes each; int32 ids use the low 4).
+  static constexpr size_t kIdx = SI ? 2 * KT : 0;
+  // 16-bit elements, the exchange and the entries, plus 1 KB to align the buffers to the
+  // swizzle's 1024-byte period.
+  static constexpr size_t kSmem = 2 * (kQ + ST * (kK + kV) + kP) + 4 * kX + 8 * kIdx + 1024;
+  static_assert(ST == 2, "the page-table entries are staged for exactly the next tile");
   static_assert(CG == 1 || (CG == 2 && RG == 1), "a key split pairs the two warpgroups");
   static_assert(D % 64 == 0 && DVW % 64 == 0, "whole 128-byte column blocks");
   static_assert(kSmem <= 227 * 1024, "a Hopper block has at most 227 KB of shared memory");
@@ -104,9 +107,9 @@ __device__ __forceinline__ float swap_rows(float* x, int cg, int row, int gc, fl
   return x[(1 - cg) * 64 + row];
 }
 
-template <typename T, int D, int DVW, int RG, int CG, bool VK, int ST = 2>
+template <typename T, int D, int DVW, int RG, int CG, bool VK, bool SI, int ST = 2>
 __device__ void attention_block_hopper(const AttentionParams& p, unsigned char* smem_raw) {
-  using Tile = HopperTile<D, DVW, RG, CG, VK, ST>;
+  using Tile = HopperTile<D, DVW, RG, CG, VK, SI, ST>;
   constexpr bool kHalf = std::is_same<T, __half>::value;
   constexpr int KT = Tile::KT, BM = Tile::BM, DVB = Tile::DVB, NT = KT / 8, VT = DVW / 8;
   constexpr int KC = D / 8, VC = VK ? 0 : DVB / 8;  // 16-byte chunks of a K row, a V row
@@ -116,6 +119,7 @@ __device__ void attention_block_hopper(const AttentionParams& p, unsigned char* 
   T* vbuf = kbuf + ST * Tile::kK;  // [ST][DVB / 64][KT][64] (unused with VK)
   T* pbuf = vbuf + ST * Tile::kV;  // [64][KT] (CG = 2)
   float* xrow = reinterpret_cast<float*>(pbuf + Tile::kP);  // [2][64] (CG = 2)
+  long long* idx = reinterpret_cast<long long*>(xrow + Tile::kX);  // [2][KT] page ids
 
   const int z = blockIdx.z, b = z / p.hkv, g = z % p.hkv;
   if (p.status[b] != kStatusOk) return;
@@ -131,18 +135,48 @@ __device__ void attention_block_hopper(const AttentionParams& p, unsigned char* 
   const int warp = (tid % 128) / 32, lane = tid % 32;
   const int gr = lane >> 2, gc = lane & 3;
 
-  // Loads of the tile at key kt into stage st: TPK threads per key find its row once and
-  // copy its chunks to their swizzled places.
+  // SI: the page-table entries a tile's prefix keys use (entries kt >> shift ..), copied
+  // into idx[ib] by cp.async a tile before the tile's rows are gathered, so that a thread
+  // reads its key's page id from shared memory, not from global memory on the tile's path.
+  // That pays where an SM holds one block (MLA); with two, the other block hides the read
+  // and staging measured slower (BENCHMARKS.md).
+  auto stage_pages = [&](long long kt, int ib) {
+    if constexpr (!SI) return;
+    const long long last = min(k_end, prefix) - 1;  // the tile's last prefix key, if any
+    const long long first_page = kt >> p.page_shift;
+    const long long page = first_page + tid;
+    if (tid < KT && kt <= last && page <= (last >> p.page_shift)) {
+      const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(idx + ib * KT + tid));
+      if (p.index64)
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst),
+                     "l"(static_cast<const long long*>(p.kv_indices) + start + page));
+      else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst),
+                     "l"(static_cast<const int*>(p.kv_indices) + start + page));
+    }
+  };
+  // Loads of the tile at key kt into stage st: TPK threads per key find its row once (its
+  // page id staged in idx[ib]) and copy its chunks to their swizzled places.
   constexpr int TPK = Tile::kThreads / KT;
   static_assert(Tile::kThreads % KT == 0 && KC % TPK == 0 && VC % TPK == 0,
                 "a tile's keys split evenly over the threads, and their rows over a key's");
   const int my_key = tid / TPK, my_part = tid % TPK;
-  auto issue = [&](long long kt, int st) {
+  auto issue = [&](long long kt, int st, int ib) {
     T* ks = kbuf + st * Tile::kK;
     T* vs = vbuf + st * Tile::kV;
     const long long t = kt + my_key;
     const bool valid = t < k_end;
-    const KeyRows<T> rows = key_rows<T>(p, b, g, start, prefix, t, valid, col0);
+    long long slot = 0;
+    if (valid && t < prefix) {
+      if constexpr (SI) {
+        const long long* e = idx + ib * KT + ((t >> p.page_shift) - (kt >> p.page_shift));
+        const long long page = p.index64 ? *e : *reinterpret_cast<const int*>(e);
+        slot = (page << p.page_shift) | (t & ((1ll << p.page_shift) - 1));
+      } else {
+        slot = prefix_slot(p, start, t);
+      }
+    }
+    const KeyRows<T> rows = key_rows_at<T>(p, b, g, prefix, t, slot, valid, col0);
 #pragma unroll
     for (int i = 0; i < KC / TPK; ++i) {
       const int c = my_part + i * TPK;
@@ -153,16 +187,17 @@ __device__ void attention_block_hopper(const AttentionParams& p, unsigned char* 
       const int c = my_part + i * TPK;
       cp_async16(vs + swizzled(my_key, c, KT), rows.v + c * 8, valid && c * 8 < dv_here);
     }
-    cp_async_commit();
   };
-#pragma unroll
-  for (int i = 0; i < ST - 1; ++i) {
-    const long long kt = k_begin + static_cast<long long>(i) * KT;
-    if (kt < k_end)
-      issue(kt, i);
-    else
-      cp_async_commit();
+  // The first tile's page ids, then its gather with the second tile's page ids in flight.
+  if constexpr (SI) {
+    stage_pages(k_begin, 0);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
   }
+  if (k_begin < k_end) issue(k_begin, 0, 0);
+  stage_pages(k_begin + KT, 1);
+  cp_async_commit();
   // The block's query rows, zero past M (and past dqk).
   for (int i = tid; i < BM * KC; i += Tile::kThreads) {
     const int r = i / KC, c = i % KC;
@@ -202,12 +237,12 @@ __device__ void attention_block_hopper(const AttentionParams& p, unsigned char* 
     fence_async_shared();  // this thread's copies (and Q's stores) to the tensor cores
     __syncthreads();
     {
-      const long long ahead = kt + static_cast<long long>(ST - 1) * KT;
-      const int fill = st == 0 ? ST - 1 : st - 1;
-      if (ahead < k_end)
-        issue(ahead, fill);
-      else
-        cp_async_commit();
+      // Tile t + 1 into the stage tile t - 1 used, with its page ids (staged last tile,
+      // idx[1 - st] now that st counts tiles mod 2), and tile t + 2's page ids.
+      const long long ahead = kt + KT;
+      if (ahead < k_end) issue(ahead, 1 - st, 1 - st);
+      stage_pages(ahead + KT, st);
+      cp_async_commit();
     }
     // S = Q K^T for this warpgroup's keys of the tile: all KT, or half with a key split.
     constexpr int NS = NT / CG;
