@@ -79,9 +79,10 @@ __device__ __forceinline__ void pv_step(float* acc, const uint32_t* a, uint64_t 
 }
 
 // S = Q K^T over the head dim for NS * 8 keys: D / 16 steps; step kk reads bytes
-// 32 * (kk % 4) of column block kk / 4 of Q (BM rows) and of K (KT rows).
+// 32 * (kk % 4) of column block kk / 4 of Q (BM rows) and of K (KT rows). Issued and
+// committed here; qk_wait waits for it, so that other work runs while the tensor cores do.
 template <bool kHalf, int D, int NS, int BM, int KT>
-__device__ __forceinline__ void qk(float* s, uint64_t q_desc, uint64_t k_desc) {
+__device__ __forceinline__ void qk_issue(float* s, uint64_t q_desc, uint64_t k_desc) {
   wgmma::fence();
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
@@ -93,6 +94,9 @@ __device__ __forceinline__ void qk(float* s, uint64_t q_desc, uint64_t k_desc) {
       wgmma::ss_n32<kHalf>(s, q_desc + q_at, k_desc + k_at, kk > 0);
   }
   wgmma::commit();
+}
+template <int NS>
+__device__ __forceinline__ void qk_wait(float* s) {
   wgmma::wait<0>();
 #pragma unroll
   for (int i = 0; i < NS * 4; ++i) wgmma::fence_operand(s[i]);
@@ -236,6 +240,13 @@ __device__ void attention_block_hopper(const AttentionParams& p, unsigned char* 
     cp_async_wait<ST - 2>();
     fence_async_shared();  // this thread's copies (and Q's stores) to the tensor cores
     __syncthreads();
+    // S = Q K^T for this warpgroup's keys of the tile: all KT, or half with a key split.
+    // While the tensor cores compute it, this thread issues its share of the next tile's
+    // gather (a page-table read and cp.async copies).
+    constexpr int NS = NT / CG;
+    float s[NS][4];
+    const uint64_t k_half = k_desc + st * kStageK + (cg * NS * 8 * 128 >> 4);
+    qk_issue<kHalf, D, NS, BM, KT>(&s[0][0], q_desc, CG == 2 ? k_half : k_desc + st * kStageK);
     {
       // Tile t + 1 into the stage tile t - 1 used, with its page ids (staged last tile,
       // idx[1 - st] now that st counts tiles mod 2), and tile t + 2's page ids.
@@ -244,11 +255,7 @@ __device__ void attention_block_hopper(const AttentionParams& p, unsigned char* 
       stage_pages(ahead + KT, st);
       cp_async_commit();
     }
-    // S = Q K^T for this warpgroup's keys of the tile: all KT, or half with a key split.
-    constexpr int NS = NT / CG;
-    float s[NS][4];
-    const uint64_t k_half = k_desc + st * kStageK + (cg * NS * 8 * 128 >> 4);
-    qk<kHalf, D, NS, BM, KT>(&s[0][0], q_desc, CG == 2 ? k_half : k_desc + st * kStageK);
+    qk_wait<NS>(&s[0][0]);
     float tile_max[2];
     score_tile(p, s, kt + cg * NS * 8, k_end, prefix, bits_of, gc, tile_max);
     if constexpr (CG == 2) {
