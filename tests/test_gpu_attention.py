@@ -75,6 +75,16 @@ def test_mla_with_v_copied_out_of_k_equals_v_as_a_view_of_k(hq, prefix):
     assert float((a.float() - b.float()).norm() / b.float().norm()) <= 4e-3, view
 
 
+@pytest.mark.parametrize("prefix", [(0, 257), (3001,)])
+def test_v_equal_to_all_of_k_takes_a_tile_that_covers_its_576_columns(prefix):
+    # V = K with Dv = Dqk = 576: more value columns than the V-in-K tiles hold (their values
+    # start at K's column 0), so the call must take the tile that loads V.
+    c = make_case(device=DEV, hq=16, dqk=576, mla=True, prefix=prefix, bs=len(prefix),
+                  budget=31, seed=7)  # fmt: skip
+    c = dict(c, v_cache=c["k_cache"], v_new=c["k_new"])
+    check(c, "v = k")
+
+
 @pytest.mark.parametrize("chunk", range(6))
 def test_random_cases_equal_the_dense_reference(chunk):
     """6 x 55 = 330 random cases."""

@@ -189,20 +189,27 @@ impl Variant {
         self.hopper && self.d >= 256
     }
 
-    /// The variant for query/key head dim `dqk`: the smallest that holds it, the one that
-    /// reads V from the K tile when `v_in_k` and one exists for that size.
-    pub fn for_head_dim(dqk: usize, v_in_k: bool) -> Option<(usize, Variant)> {
-        Self::in_table(&VARIANTS, dqk, v_in_k)
+    /// The variant for query/key head dim `dqk` and value dim `dv`: the smallest that holds
+    /// `dqk`, the one that reads V from the K tile when `v_in_k` (V a view of K's first `dv`
+    /// columns) and one exists for that size whose block covers all `dv` columns (its values
+    /// start at K's column 0, so a second chunk of value columns could not be read there).
+    pub fn for_head_dim(dqk: usize, dv: usize, v_in_k: bool) -> Option<(usize, Variant)> {
+        Self::in_table(&VARIANTS, dqk, dv, v_in_k)
     }
 
     /// The tile a call takes: a Hopper tile when `hopper` (the device has them) and one
     /// holds `dqk`, else the portable one. The index is into the variant's own table.
-    pub fn for_call(hopper: bool, dqk: usize, v_in_k: bool) -> Option<(usize, Variant)> {
-        let fast = Self::in_table(&HOPPER_VARIANTS, dqk, v_in_k).filter(|_| hopper);
-        fast.or_else(|| Self::for_head_dim(dqk, v_in_k))
+    pub fn for_call(hopper: bool, dqk: usize, dv: usize, v_in_k: bool) -> Option<(usize, Variant)> {
+        let fast = Self::in_table(&HOPPER_VARIANTS, dqk, dv, v_in_k).filter(|_| hopper);
+        fast.or_else(|| Self::for_head_dim(dqk, dv, v_in_k))
     }
 
-    fn in_table(table: &[Variant], dqk: usize, v_in_k: bool) -> Option<(usize, Variant)> {
+    fn in_table(
+        table: &[Variant],
+        dqk: usize,
+        dv: usize,
+        v_in_k: bool,
+    ) -> Option<(usize, Variant)> {
         let d = table.iter().map(|v| v.d).filter(|&d| dqk <= d).min()?;
         let of_size = || {
             table
@@ -212,7 +219,7 @@ impl Variant {
                 .filter(move |(_, v)| v.d == d)
         };
         of_size()
-            .find(|(_, v)| v.v_in_k && v_in_k)
+            .find(|(_, v)| v.v_in_k && v_in_k && dv <= v.block_cols())
             .or_else(|| of_size().find(|(_, v)| !v.v_in_k))
     }
 }
@@ -315,7 +322,7 @@ pub fn resident_blocks(
 ) -> Result<Option<(Variant, usize)>, CudaError> {
     let (dev, _ctx) = enter_device(ordinal)?;
     let hopper = dev.attention_hopper.is_some();
-    let Some((index, v)) = Variant::for_call(hopper, dqk, dv <= dqk) else {
+    let Some((index, v)) = Variant::for_call(hopper, dqk, dv, dv <= dqk) else {
         return Ok(None);
     };
     let sms = dev
@@ -352,7 +359,8 @@ pub unsafe fn tree_attention(
     let dqk = p.dqk as usize;
     let (dev, _ctx) = enter_device(ordinal)?;
     let hopper = dev.attention_hopper.is_some();
-    let Some((index, v)) = Variant::for_call(hopper, dqk, v_in_k && p.dv <= p.dqk) else {
+    let dv = p.dv as usize;
+    let Some((index, v)) = Variant::for_call(hopper, dqk, dv, v_in_k && p.dv <= p.dqk) else {
         return Err(CudaError::arg(format!(
             "q: head dim {dqk} exceeds the largest compiled tile ({})",
             VARIANTS[VARIANTS.len() - 1].d
@@ -443,7 +451,11 @@ mod tests {
         let entry = include_str!("../../../kernels/attention_sm90a.cu");
         for v in HOPPER_VARIANTS {
             let (rg, cg) = (v.warps / 4 / v.col_warps, v.col_warps);
-            let line = format!("({}, {}, {}, {rg}, {cg}, {},", v.name, v.d, v.dvc, v.v_in_k);
+            let minb = if v.stages_page_ids() { 1 } else { 2 };
+            let line = format!(
+                "({}, {}, {}, {rg}, {cg}, {}, {minb})",
+                v.name, v.d, v.dvc, v.v_in_k
+            );
             assert!(entry.contains(&line), "attention_sm90a.cu lacks {line}");
             assert_eq!((v.kt, v.stages), (64, 2), "HopperTile's KT and ST");
         }
@@ -468,7 +480,7 @@ mod tests {
             (128, 128)
         );
         assert_eq!(geometry(&mla, 256, 8, 512), (32, 1));
-        let pick = |hopper, dqk, vk| Variant::for_call(hopper, dqk, vk).map(|(_, v)| v);
+        let pick = |hopper, dqk, vk| Variant::for_call(hopper, dqk, 512, vk).map(|(_, v)| v);
         assert_eq!(pick(true, 576, true), Some(mla));
         assert_eq!(pick(false, 576, true), Some(VARIANTS[4]));
         // No Hopper tile reads a separate V of head dim 576: the portable one serves it.
@@ -487,10 +499,26 @@ mod tests {
                 v.smem_bytes(2)
             );
         }
-        assert_eq!(Variant::for_head_dim(576, false).unwrap().1.name, "d576");
-        assert_eq!(Variant::for_head_dim(576, true).unwrap().1.name, "d576vk");
-        assert_eq!(Variant::for_head_dim(96, true).unwrap().1.name, "d128");
-        assert!(Variant::for_head_dim(1024, false).is_none());
+        assert_eq!(
+            Variant::for_head_dim(576, 512, false).unwrap().1.name,
+            "d576"
+        );
+        assert_eq!(
+            Variant::for_head_dim(576, 512, true).unwrap().1.name,
+            "d576vk"
+        );
+        assert_eq!(Variant::for_head_dim(96, 96, true).unwrap().1.name, "d128");
+        assert!(Variant::for_head_dim(1024, 512, false).is_none());
+        // V = K with all 576 columns: more value columns than a V-in-K block covers (its
+        // values start at K's column 0), so the tile that loads V serves it, on both paths.
+        assert_eq!(
+            Variant::for_head_dim(576, 576, true).unwrap().1.name,
+            "d576"
+        );
+        assert_eq!(
+            Variant::for_call(true, 576, 576, true).unwrap().1,
+            VARIANTS[3]
+        );
     }
 
     #[test]

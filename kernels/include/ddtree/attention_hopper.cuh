@@ -16,8 +16,8 @@
 // Shared memory holds Q, K and V in the tensor cores' 128-byte swizzled layout: a matrix is
 // stored as column blocks of 64 elements (128 bytes), each block rows x 128 bytes, and the
 // 16-byte chunk c of row r sits at chunk position c ^ (r % 8). K/V tiles are gathered from the
-// paged pool by cp.async (a page-table read per key, as in the portable kernel), ST stages
-// in flight.
+// paged pool by cp.async, ST stages in flight; a key's page id comes from the page table, or
+// (tiles of which an SM holds one block) from shared memory where it was staged a tile ahead.
 #pragma once
 #include "attention.cuh"
 #include "wgmma.cuh"
@@ -102,13 +102,18 @@ __device__ __forceinline__ void qk_wait(float* s) {
   for (int i = 0; i < NS * 4; ++i) wgmma::fence_operand(s[i]);
 }
 
-// A value of this thread's row h (0, 1) that the partner warpgroup of a key split needs:
-// posted to x[cg][row], the block meets, and the partner's is returned. The next post is
-// one block barrier later, after the partner has read this one.
-__device__ __forceinline__ float swap_rows(float* x, int cg, int row, int gc, float v) {
-  if (gc == 0) x[cg * 64 + row] = v;
+// This thread's two rows' values (rows r and r + 8 of the warpgroup's 64) that the partner
+// warpgroup of a key split needs: posted to x[cg][.], one block barrier, then the partner's
+// two are returned in v. The next post comes at least one block barrier after the partner
+// has read these.
+__device__ __forceinline__ void swap_rows(float* x, int cg, int r, int gc, float (&v)[2]) {
+  if (gc == 0) {
+    x[cg * 64 + r] = v[0];
+    x[cg * 64 + r + 8] = v[1];
+  }
   __syncthreads();
-  return x[(1 - cg) * 64 + row];
+  v[0] = x[(1 - cg) * 64 + r];
+  v[1] = x[(1 - cg) * 64 + r + 8];
 }
 
 template <typename T, int D, int DVW, int RG, int CG, bool VK, bool SI, int ST = 2>
@@ -259,10 +264,10 @@ __device__ void attention_block_hopper(const AttentionParams& p, unsigned char* 
     float tile_max[2];
     score_tile(p, s, kt + cg * NS * 8, k_end, prefix, bits_of, gc, tile_max);
     if constexpr (CG == 2) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        tile_max[h] = fmaxf(tile_max[h], swap_rows(xrow, cg, warp * 16 + gr + 8 * h, gc,
-                                                   tile_max[h]));
+      float theirs[2] = {tile_max[0], tile_max[1]};
+      swap_rows(xrow, cg, warp * 16 + gr, gc, theirs);
+      tile_max[0] = fmaxf(tile_max[0], theirs[0]);
+      tile_max[1] = fmaxf(tile_max[1], theirs[1]);
     }
     uint32_t pa[NS][2];
     sm.update<T>(s, tile_max, acc, pa);
@@ -303,8 +308,10 @@ __device__ void attention_block_hopper(const AttentionParams& p, unsigned char* 
   }
   sm.finish();
   if constexpr (CG == 2) {  // each warpgroup summed its half of the keys
-#pragma unroll
-    for (int h = 0; h < 2; ++h) sm.l[h] += swap_rows(xrow, cg, warp * 16 + gr + 8 * h, gc, sm.l[h]);
+    float theirs[2] = {sm.l[0], sm.l[1]};
+    swap_rows(xrow, cg, warp * 16 + gr, gc, theirs);
+    sm.l[0] += theirs[0];
+    sm.l[1] += theirs[1];
   }
   write_rows<T>(p, out, acc, sm, cg * DVW, gc);
 }
