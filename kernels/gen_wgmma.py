@@ -28,50 +28,44 @@ def outputs(n: int) -> str:
     return ", ".join(f'"+f"(d[{i}])' for i in range(n))
 
 
-def ss(n: int, trans_b: int = 0) -> str:
+def wrapper(name: str, params: str, n: int, a_operand: str, tail: str, inputs: list) -> str:
+    """One wrapper with its fp16 and bf16 asm: the N / 2 accumulators are operands %0 ..,
+    then come `inputs` (A's, B's descriptor, scale_d last); `a_operand` names A's in the
+    instruction and `tail` the immediates after scale-a and scale-b."""
     acc = n // 2
-    name = f"ss{'t' if trans_b else ''}_n{n}"
+    scale = acc + len(inputs) - 1  # scale_d's operand; B's descriptor is the one before
     lines = [
         "template <bool kHalf>",
-        f"__device__ __forceinline__ void {name}(float* d, uint64_t a, uint64_t b, int scale_d) {{",
+        f"__device__ __forceinline__ void {name}({params}, int scale_d) {{",
     ]
     for half, ty in ((True, "f16"), (False, "bf16")):
         cond = "if constexpr (kHalf)" if half else "else"
         lines.append(f"  {cond} {{")
         lines.append("    asm volatile(")
         lines.append('        "{\\n.reg .pred p;\\n"')
-        lines.append(f'        "setp.ne.b32 p, %{acc + 2}, 0;\\n"')
+        lines.append(f'        "setp.ne.b32 p, %{scale}, 0;\\n"')
         lines.append(f'        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} "')
         lines.append(f'        "{{{operands(acc)}}}, "')
-        lines.append(f'        "%{acc}, %{acc + 1}, p, 1, 1, 0, {trans_b};\\n}}\\n"')
+        lines.append(f'        "{a_operand}, %{scale - 1}, p, 1, 1, {tail};\\n}}\\n"')
         lines.append(f"        : {outputs(acc)}")
-        lines.append('        : "l"(a), "l"(b), "r"(scale_d));')
+        lines.append(f"        : {', '.join(inputs)});")
         lines.append("  }")
     lines.append("}")
     return "\n".join(lines)
+
+
+def ss(n: int, trans_b: int = 0) -> str:
+    acc = n // 2
+    name = f"ss{'t' if trans_b else ''}_n{n}"
+    inputs = ['"l"(a)', '"l"(b)', '"r"(scale_d)']
+    return wrapper(name, "float* d, uint64_t a, uint64_t b", n, f"%{acc}", f"0, {trans_b}", inputs)
 
 
 def rs(n: int) -> str:
     acc = n // 2
-    lines = [
-        "template <bool kHalf>",
-        f"__device__ __forceinline__ void rs_n{n}(float* d, const uint32_t* a, uint64_t b, "
-        "int scale_d) {",
-    ]
-    for half, ty in ((True, "f16"), (False, "bf16")):
-        cond = "if constexpr (kHalf)" if half else "else"
-        lines.append(f"  {cond} {{")
-        lines.append("    asm volatile(")
-        lines.append('        "{\\n.reg .pred p;\\n"')
-        lines.append(f'        "setp.ne.b32 p, %{acc + 5}, 0;\\n"')
-        lines.append(f'        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} "')
-        lines.append(f'        "{{{operands(acc)}}}, "')
-        lines.append(f'        "{{{operands(4, acc)}}}, %{acc + 4}, p, 1, 1, 1;\\n}}\\n"')
-        lines.append(f"        : {outputs(acc)}")
-        lines.append('        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));')
-        lines.append("  }")
-    lines.append("}")
-    return "\n".join(lines)
+    inputs = [*(f'"r"(a[{i}])' for i in range(4)), '"l"(b)', '"r"(scale_d)']
+    params = "float* d, const uint32_t* a, uint64_t b"
+    return wrapper(f"rs_n{n}", params, n, f"{{{operands(4, acc)}}}", "1", inputs)
 
 
 FOOTER = """
@@ -89,7 +83,6 @@ __device__ __forceinline__ void wait() {
 }
 // Keeps the compiler from moving reads or writes of an accumulator across a wait.
 __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
-__device__ __forceinline__ void fence_operand(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
 
 }  // namespace wgmma
 }  // namespace ddtree

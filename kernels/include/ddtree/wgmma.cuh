@@ -169,7 +169,6 @@ __device__ __forceinline__ void wait() {
 }
 // Keeps the compiler from moving reads or writes of an accumulator across a wait.
 __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
-__device__ __forceinline__ void fence_operand(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
 
 }  // namespace wgmma
 }  // namespace ddtree
