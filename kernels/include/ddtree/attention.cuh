@@ -233,6 +233,35 @@ __device__ __forceinline__ const T* query_row(const AttentionParams& p, int b, i
          h * p.q_s1;
 }
 
+// What a block of BM rows and DVB value columns works on (blockIdx): request b and KV head
+// g (z = b * Hkv + g), rows row0 .. of the request's M = Q * group, value columns col0 ..
+// (dv_here of them real), and its split's keys [k_begin, k_end) of the request's P + Q.
+struct AttnBlock {
+  int z, b, g, group, m_rows, col0, row0, dv_here;
+  long long prefix, k_begin, k_end, start;
+};
+// Fills w; false (and w half-filled) when the request failed its index check, so that the
+// block has nothing to do.
+__device__ __forceinline__ bool attn_block(const AttentionParams& p, int bm, int dvb,
+                                           AttnBlock& w) {
+  w.z = blockIdx.z;
+  w.b = w.z / p.hkv;
+  w.g = w.z % p.hkv;
+  if (p.status[w.b] != kStatusOk) return false;
+  w.group = p.hq / p.hkv;
+  w.m_rows = p.q_nodes * w.group;
+  w.col0 = (blockIdx.x % p.dv_chunks) * dvb;
+  w.row0 = (blockIdx.x / p.dv_chunks) * bm;
+  w.prefix = p.prefix_lens[w.b];
+  const long long total = w.prefix + p.q_nodes;
+  const long long per = (total + p.splits - 1) / p.splits;
+  w.k_begin = blockIdx.y * per;
+  w.k_end = min(total, w.k_begin + per);
+  w.start = attn_indptr(p, w.b);
+  w.dv_here = min(dvb, p.dv - w.col0);
+  return true;
+}
+
 // Scores of one tile of NT * 8 keys starting at key kt, in the m16n8 accumulator layout
 // (this thread's rows 0 and 1 of its fragment; key n * 8 + 2 * gc + (e & 1)): scaled to base
 // 2, keys past the split and tree nodes that are no ancestor of the row set to -inf, and
@@ -341,6 +370,18 @@ struct RowsOut {
   int z, b, g, group, m_rows, col0, dv_here;
   int rows_of[2];
 };
+// The block's RowsOut for this thread's rows r and r + 8 of the block, and the ancestor bits
+// of their tree nodes (a row past M takes the last row's).
+__device__ __forceinline__ RowsOut rows_out(const AttentionParams& p, const AttnBlock& w,
+                                            int r, const int* (&bits_of)[2]) {
+  const RowsOut out{w.z, w.b, w.g, w.group, w.m_rows, w.col0, w.dv_here,
+                    {w.row0 + r, w.row0 + r + 8}};
+  for (int h = 0; h < 2; ++h) {
+    const int node = min(out.rows_of[h], w.m_rows - 1) / w.group;
+    bits_of[h] = p.ancestor_bits + (static_cast<long long>(w.b) * p.q_nodes + node) * p.words;
+  }
+  return out;
+}
 
 // This thread's results: the normalised rows (and LSE) when the call has one split, else
 // the split's partial (o, m, l) for the merge. `wcol`: the warp's first value column in the
@@ -410,16 +451,11 @@ __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
   T* vbuf = kbuf + Tile::kStages * KT * QS;  // [kStages][KT][VS] (unused with VK)
   float* sums = reinterpret_cast<float*>(vbuf + (VK ? 0 : Tile::kStages * KT * VS));  // CW 2
 
-  const int z = blockIdx.z, b = z / p.hkv, g = z % p.hkv;
-  if (p.status[b] != kStatusOk) return;
-  const int group = p.hq / p.hkv, m_rows = p.q_nodes * group;
-  const int rt = blockIdx.x / p.dv_chunks, col0 = (blockIdx.x % p.dv_chunks) * DVB;
-  const int row0 = rt * BM;
-  const long long prefix = p.prefix_lens[b], total = prefix + p.q_nodes;
-  const long long per = (total + p.splits - 1) / p.splits;
-  const long long k_begin = blockIdx.y * per, k_end = min(total, k_begin + per);
-  const long long start = attn_indptr(p, b);
-  const int dv_here = min(DVB, p.dv - col0);
+  AttnBlock w;
+  if (!attn_block(p, BM, DVB, w)) return;
+  const int b = w.b, g = w.g, group = w.group, m_rows = w.m_rows, col0 = w.col0;
+  const int row0 = w.row0, dv_here = w.dv_here;
+  const long long prefix = w.prefix, k_begin = w.k_begin, k_end = w.k_end, start = w.start;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int rw = warp % Tile::RW, wcol = (warp / Tile::RW) * DVC;  // rows, columns of the warp
   const int gr = lane >> 2, gc = lane & 3;  // fragment row group and column pair
@@ -463,13 +499,8 @@ __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
   for (int r = warp; r < BM; r += kWarps)
     load_row(qs + r * QS, query_row<T>(p, b, g, row0 + r, group, m_rows), p.dqk, D, lane, 32);
   // This thread's two rows of the warp's 16 and their tree nodes (for the ancestor bits).
-  const int wr0 = rw * 16 + gr;
-  const RowsOut out{z, b, g, group, m_rows, col0, dv_here, {row0 + wr0, row0 + wr0 + 8}};
   const int* bits_of[2];
-  for (int h = 0; h < 2; ++h) {
-    const int node = min(out.rows_of[h], m_rows - 1) / group;
-    bits_of[h] = p.ancestor_bits + (static_cast<long long>(b) * p.q_nodes + node) * p.words;
-  }
+  const RowsOut out = rows_out(p, w, rw * 16 + gr, bits_of);
   // ldmatrix row addresses: lane l serves row l % 8 of matrix l / 8.
   const int mi = lane >> 3, mr = lane & 7;
   const T* qa = qs + (rw * 16 + mr + (mi & 1) * 8) * QS + (mi >> 1) * 8;

@@ -130,16 +130,11 @@ __device__ void attention_block_hopper(const AttentionParams& p, unsigned char* 
   float* xrow = reinterpret_cast<float*>(pbuf + Tile::kP);  // [2][64] (CG = 2)
   long long* idx = reinterpret_cast<long long*>(xrow + Tile::kX);  // [2][KT] page ids
 
-  const int z = blockIdx.z, b = z / p.hkv, g = z % p.hkv;
-  if (p.status[b] != kStatusOk) return;
-  const int group = p.hq / p.hkv, m_rows = p.q_nodes * group;
-  const int rt = blockIdx.x / p.dv_chunks, col0 = (blockIdx.x % p.dv_chunks) * DVB;
-  const int row0 = rt * BM;
-  const long long prefix = p.prefix_lens[b], total = prefix + p.q_nodes;
-  const long long per = (total + p.splits - 1) / p.splits;
-  const long long k_begin = blockIdx.y * per, k_end = min(total, k_begin + per);
-  const long long start = attn_indptr(p, b);
-  const int dv_here = min(DVB, p.dv - col0);
+  AttnBlock w;
+  if (!attn_block(p, BM, DVB, w)) return;
+  const int b = w.b, g = w.g, group = w.group, m_rows = w.m_rows, col0 = w.col0;
+  const int row0 = w.row0, dv_here = w.dv_here;
+  const long long prefix = w.prefix, k_begin = w.k_begin, k_end = w.k_end, start = w.start;
   const int tid = threadIdx.x, wg = tid / 128, rg = wg % RG, cg = wg / RG;
   const int warp = (tid % 128) / 32, lane = tid % 32;
   const int gr = lane >> 2, gc = lane & 3;
@@ -218,13 +213,8 @@ __device__ void attention_block_hopper(const AttentionParams& p, unsigned char* 
 
   // This thread's two rows (the m64 accumulator layout: warp w of the warpgroup holds rows
   // 16 w .. 16 w + 15, as mma.sync's m16 per warp) and their tree nodes.
-  const int wr0 = rg * 64 + warp * 16 + gr;
-  const RowsOut out{z, b, g, group, m_rows, col0, dv_here, {row0 + wr0, row0 + wr0 + 8}};
   const int* bits_of[2];
-  for (int h = 0; h < 2; ++h) {
-    const int node = min(out.rows_of[h], m_rows - 1) / group;
-    bits_of[h] = p.ancestor_bits + (static_cast<long long>(b) * p.q_nodes + node) * p.words;
-  }
+  const RowsOut out = rows_out(p, w, rg * 64 + warp * 16 + gr, bits_of);
   // Descriptors: Q's rows of this warpgroup and each stage's K and V. K-major (Q, K): rows
   // 128 bytes apart, 8-row groups 1024 apart. V read MN-major (transposed): 8-key groups
   // 1024 bytes apart, 64-column blocks KT * 128 apart.
