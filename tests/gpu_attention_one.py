@@ -7,23 +7,15 @@ import sys
 
 import torch
 
-from ddtree import _attention
-from ddtree.bench_attention import inputs, shapes
+from ddtree.bench_attention import call
 
 
 def main() -> None:
     family = sys.argv[1]
     bs, n, prefix = (int(a) for a in sys.argv[2:5])
-    dev = torch.device("cuda")
-    c = inputs(family, bs, n, prefix, dev)
-    hq, hkv, dqk, dv, _ = shapes(family)
-    q_nodes = c["tree"].width
-    ws = _attention.AttentionWorkspace(
-        dev, max_batch=bs, q_nodes=q_nodes, hq=hq, hkv=hkv, dqk=dqk, dv=dv
-    )
-    out = torch.empty(bs * q_nodes, hq, dv, device=dev, dtype=torch.bfloat16)
+    _, ws, attend = call(family, bs, n, prefix, torch.device("cuda"))
     for _ in range(3):
-        _attention.tree_attention(**c, out=out, workspace=ws)
+        attend()
     torch.cuda.synchronize()
     print("tile", ws.tile, "splits", ws.splits(bs))
 

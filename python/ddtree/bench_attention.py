@@ -112,7 +112,9 @@ def sdpa_fns(c, family, bs, prefix):
     return flash, masked
 
 
-def row(family, bs, n, prefix, reps, flush, device):
+def call(family, bs, n, prefix, device):
+    """The inputs of one shape and a ddtree call of them with its workspace and ``out=``
+    made beforehand; returns (inputs, workspace, the call)."""
     c = inputs(family, bs, n, prefix, device)
     hq, hkv, dqk, dv, _ = shapes(family)
     q_nodes = c["tree"].width
@@ -120,7 +122,14 @@ def row(family, bs, n, prefix, reps, flush, device):
         device, max_batch=bs, q_nodes=q_nodes, hq=hq, hkv=hkv, dqk=dqk, dv=dv
     )
     out = torch.empty(bs * q_nodes, hq, dv, device=device, dtype=torch.bfloat16)
-    ours = timed(lambda: _attention.tree_attention(**c, out=out, workspace=ws), reps, flush)
+    return c, ws, lambda: _attention.tree_attention(**c, out=out, workspace=ws)
+
+
+def row(family, bs, n, prefix, reps, flush, device):
+    c, ws, ours_fn = call(family, bs, n, prefix, device)
+    hq, hkv, dqk, dv, _ = shapes(family)
+    q_nodes = c["tree"].width
+    ours = timed(ours_fn, reps, flush)
     flash, masked = sdpa_fns(c, family, bs, prefix)
     cells = {}
     for name, fn in (("sdpa_flash_nomask", flash), ("sdpa_dense_mask", masked)):
