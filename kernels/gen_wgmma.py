@@ -83,6 +83,12 @@ __device__ __forceinline__ void wait() {
 }
 // Keeps the compiler from moving reads or writes of an accumulator across a wait.
 __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+// The same for an A operand in registers, by a real (if idle) instruction after the wait:
+// ptxas, which never sees an empty asm, keeps the register unchanged until the move instead
+// of waiting early to reuse it.
+__device__ __forceinline__ void fence_operand(uint32_t& r) {
+  asm volatile("mov.b32 %0, %0;\\n" : "+r"(r)::"memory");
+}
 
 }  // namespace wgmma
 }  // namespace ddtree
@@ -90,7 +96,7 @@ __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"
 
 
 def main() -> None:
-    parts = [HEADER, ss(32), ss(64), ss(256, trans_b=1)]
+    parts = [HEADER, ss(32), ss(64), ss(128), ss(256, trans_b=1)]
     parts += [rs(n) for n in (64, 128, 256)]
     out = Path(__file__).parent / "include" / "ddtree" / "wgmma.cuh"
     out.write_text("\n\n".join(parts) + "\n" + FOOTER)

@@ -8,13 +8,14 @@
 # "host" times the host side of each Stepper call; "hunt" adds issue 12's long top-k tie
 # search, HUNT_SECONDS long);
 # PYTEST_K (a -k expression), BENCH_ARGS, LOOP_ARGS and ATTN_ARGS narrow the tests and
-# benchmarks.
+# benchmarks; WHEELS names the folder the wheel comes from (default wheels/; another, such
+# as wheels_base/, lets one call compare two builds).
 set -u
 OUT=${OUT:-/tmp/ddtree-gpu-out}
 STEPS=${STEPS:-"tests portable sanitize bench loop attention"}
 mkdir -p "$OUT"
 rm -rf /tmp/site  # a warm machine keeps the last wheel; pip --target would not replace it
-pip install --no-index --no-deps --target /tmp/site wheels/ddtree-*.whl >/tmp/install.log 2>&1 \
+pip install --no-index --no-deps --target /tmp/site "${WHEELS:-wheels}"/ddtree-*.whl >/tmp/install.log 2>&1 \
     || { cat /tmp/install.log; exit 1; }
 export PYTHONPATH=/tmp/site
 # Few files: the device tool returns a limited number of them.

@@ -62,7 +62,9 @@ pub struct AttentionParams {
 /// the K tile (V a view of K's first columns, MLA's absorbed form), `stages` tiles in flight.
 /// A `hopper` tile is `DDTREE_ATTENTION_HOPPER` in attention_sm90a.cu (kernel
 /// `ddtree_attention_sm90a_{dtype}_{name}`): its warps come in warpgroups of four, `dvc` is a
-/// warpgroup's value columns and `col_warps / 4` the warpgroups side by side over them.
+/// warpgroup's value columns and `col_warps / 4` the warpgroups side by side over them. A
+/// `producer` tile (`DDTREE_ATTENTION_HOPPER_WS`, `WsTile`) adds a warpgroup that only
+/// gathers the K/V tiles; the others compute.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Variant {
     pub name: &'static str,
@@ -74,6 +76,7 @@ pub struct Variant {
     pub v_in_k: bool,
     pub stages: usize,
     pub hopper: bool,
+    pub producer: bool,
 }
 
 const fn variant(name: &'static str, d: usize, dvc: usize, warps: usize, kt: usize) -> Variant {
@@ -87,6 +90,7 @@ const fn variant(name: &'static str, d: usize, dvc: usize, warps: usize, kt: usi
         v_in_k: false,
         stages: 2,
         hopper: false,
+        producer: false,
     }
 }
 
@@ -103,6 +107,24 @@ const fn hopper(name: &'static str, d: usize, dvw: usize, rg: usize, cg: usize) 
         v_in_k: false,
         stages: 2,
         hopper: true,
+        producer: false,
+    }
+}
+
+/// A warp-specialized Hopper tile: a producer warpgroup gathers tiles of `kt` keys into
+/// `stages` stages for two consumer warpgroups of 64 rows and all `d` value columns each.
+const fn hopper_ws(name: &'static str, d: usize, kt: usize, stages: usize) -> Variant {
+    Variant {
+        name,
+        d,
+        dvc: d,
+        warps: 12,
+        kt,
+        col_warps: 1,
+        v_in_k: false,
+        stages,
+        hopper: true,
+        producer: true,
     }
 }
 
@@ -123,8 +145,8 @@ pub const VARIANTS: [Variant; 5] = [
 /// The sm_90a tiles (wgmma, up to 227 KB of shared memory), loaded on compute capability 9.0
 /// only; a head dim none of them holds takes the portable tile.
 pub const HOPPER_VARIANTS: [Variant; 4] = [
-    hopper("d64", 64, 64, 2, 1),
-    hopper("d128", 128, 128, 2, 1),
+    hopper_ws("d64", 64, 128, 4),
+    hopper_ws("d128", 128, 128, 3),
     hopper("d256", 256, 256, 2, 1),
     Variant {
         v_in_k: true,
@@ -140,7 +162,8 @@ impl Variant {
     /// Query rows per block.
     pub fn rows(&self) -> usize {
         if self.hopper {
-            64 * (self.warps / 4 / self.col_warps)
+            let producer = if self.producer { 4 } else { 0 };
+            64 * ((self.warps - producer) / 4 / self.col_warps)
         } else {
             16 * (self.warps / self.col_warps)
         }
@@ -151,6 +174,12 @@ impl Variant {
     }
     /// Dynamic shared memory of a block (`AttnTile::kSmem`) for `elem` bytes per element.
     pub fn smem_bytes(&self, elem: usize) -> usize {
+        if self.producer {
+            // Q and the ring (`WsTile::kSmem`), a full and an empty mbarrier per stage, a
+            // tile's 8-byte pool slots, and 1 KB for the alignment.
+            let halves = self.rows() * self.d + self.stages * self.kt * (self.d + self.dvc);
+            return elem * halves + 16 * self.stages + 8 * self.kt + 1024;
+        }
         if self.hopper {
             // Unpadded swizzled buffers (`HopperTile::kSmem`), with a key split's P block and
             // exchanged fp32 rows, two tiles' 8-byte page ids, and 1 KB for the alignment.
@@ -186,7 +215,7 @@ impl Variant {
     /// MLA) stages each tile's page ids in shared memory a tile ahead; with two blocks per
     /// SM the other block hides the page-table read.
     pub fn stages_page_ids(&self) -> bool {
-        self.hopper && self.d >= 256
+        self.hopper && !self.producer && self.d >= 256
     }
 
     /// The variant for query/key head dim `dqk` and value dim `dv`: the smallest that holds
@@ -449,7 +478,12 @@ mod tests {
             }
         }
         let entry = include_str!("../../../kernels/attention_sm90a.cu");
-        for v in HOPPER_VARIANTS {
+        for v in HOPPER_VARIANTS.iter().filter(|v| v.producer) {
+            let line = format!("({}, {}, {}, {}, {})", v.name, v.d, v.dvc, v.kt, v.stages);
+            assert!(entry.contains(&line), "attention_sm90a.cu lacks {line}");
+            assert_eq!((v.warps, v.col_warps, v.v_in_k), (12, 1, false), "WsTile");
+        }
+        for v in HOPPER_VARIANTS.iter().filter(|v| !v.producer) {
             let (rg, cg) = (v.warps / 4 / v.col_warps, v.col_warps);
             let minb = if v.stages_page_ids() { 1 } else { 2 };
             let line = format!(
@@ -475,10 +509,15 @@ mod tests {
             mla.smem_bytes(2),
             2 * (3 * 64 * 576 + 64 * 64) + 512 + 1024 + 1024
         );
+        let d128 = HOPPER_VARIANTS[1];
+        assert_eq!((d128.rows(), d128.block_cols()), (128, 128));
+        // Q 128 x 128, three stages of 128 keys' K and V, bf16; six mbarriers; 128 slots; the
+        // alignment slack: 48 bytes under the limit.
         assert_eq!(
-            (HOPPER_VARIANTS[1].rows(), HOPPER_VARIANTS[1].block_cols()),
-            (128, 128)
+            d128.smem_bytes(2),
+            2 * (128 * 128 + 3 * 128 * 256) + 48 + 1024 + 1024
         );
+        assert!(!d128.stages_page_ids() && HOPPER_VARIANTS[3].stages_page_ids());
         assert_eq!(geometry(&mla, 256, 8, 512), (32, 1));
         let pick = |hopper, dqk, vk| Variant::for_call(hopper, dqk, 512, vk).map(|(_, v)| v);
         assert_eq!(pick(true, 576, true), Some(mla));

@@ -307,6 +307,14 @@ __device__ __forceinline__ void score_tile(const AttentionParams& p, float (&s)[
   }
 }
 
+// 2^x by the special function unit alone (denormal results flush to zero: a weight below
+// 2^-126 of the row's largest is lost in the bf16/fp16 P anyway).
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // The online softmax of this thread's two rows: the running maximum m (base 2) and sum l.
 // The maximum moves (and the accumulators are rescaled) only when a row's tile maximum
 // passes it by more than kLazyRescale: below that the weights exp2(s - m) stay under
@@ -351,6 +359,55 @@ struct RowSoftmax {
       }
       pa[n][0] = MmaType<T>::pack(e[0], e[1]);
       pa[n][1] = MmaType<T>::pack(e[2], e[3]);
+    }
+  }
+
+  // update in three steps, for a caller whose O += P V of the previous tile is still
+  // running (the Hopper warp-specialized kernel): weigh moves the maximum (true when the
+  // accumulators must be scaled, by `scale`) and turns s into the weights in place, adding
+  // them to l; once that product is done, rescale scales the accumulators and pack writes P.
+  template <int NT>
+  __device__ __forceinline__ bool weigh(float (&s)[NT][4], const float (&tile_max)[2],
+                                        float (&scale)[2]) {
+    const bool grows = tile_max[0] > m[0] + kLazyRescale || tile_max[1] > m[1] + kLazyRescale;
+    const bool moves = __any_sync(0xffffffffu, grows);
+    if (moves) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float m_new = fmaxf(m[h], tile_max[h]);
+        scale[h] = m_new == -INFINITY ? 1.0f : exp2f(m[h] - m_new);
+        m[h] = m_new;
+        l[h] *= scale[h];
+      }
+    }
+    // A row with no key yet has m = -inf and scores all -inf: subtracting 0 gives weights 0.
+    const float base[2] = {m[0] == -INFINITY ? 0.0f : m[0], m[1] == -INFINITY ? 0.0f : m[1]};
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int h = i >> 1;
+        s[n][i] = exp2_ftz(s[n][i] - base[h]);
+        l[h] += s[n][i];
+      }
+    return moves;
+  }
+  template <int VT>
+  static __device__ __forceinline__ void rescale(float (&acc)[VT][4], const float (&scale)[2]) {
+#pragma unroll
+    for (int t = 0; t < VT; ++t) {
+      acc[t][0] *= scale[0];
+      acc[t][1] *= scale[0];
+      acc[t][2] *= scale[1];
+      acc[t][3] *= scale[1];
+    }
+  }
+  template <typename T, int NT>
+  static __device__ __forceinline__ void pack(const float (&w)[NT][4], uint32_t (&pa)[NT][2]) {
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      pa[n][0] = MmaType<T>::pack(w[n][0], w[n][1]);
+      pa[n][1] = MmaType<T>::pack(w[n][2], w[n][3]);
     }
   }
 

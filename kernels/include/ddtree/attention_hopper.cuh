@@ -88,7 +88,9 @@ __device__ __forceinline__ void qk_issue(float* s, uint64_t q_desc, uint64_t k_d
   for (int kk = 0; kk < D / 16; ++kk) {
     const uint32_t q_at = ((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4;
     const uint32_t k_at = ((kk >> 2) * KT * 128 + (kk & 3) * 32) >> 4;
-    if constexpr (NS == 8)
+    if constexpr (NS == 16)
+      wgmma::ss_n128<kHalf>(s, q_desc + q_at, k_desc + k_at, kk > 0);
+    else if constexpr (NS == 8)
       wgmma::ss_n64<kHalf>(s, q_desc + q_at, k_desc + k_at, kk > 0);
     else
       wgmma::ss_n32<kHalf>(s, q_desc + q_at, k_desc + k_at, kk > 0);

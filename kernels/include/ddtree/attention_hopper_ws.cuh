@@ -1,0 +1,277 @@
+// Tree verify attention on Hopper with warp specialization (FlashAttention-3's structure),
+// for the GQA/MHA head dims: the same blocks, splits and results as attention_block_hopper,
+// with the gather and the math in different warpgroups.
+//
+// A block has three warpgroups. Warpgroup 0 (the producer, its registers given up to the
+// others by setmaxnreg) gathers the K/V tiles of KT keys from the paged pool by cp.async
+// into a ring of ST stages; each stage has a `full` mbarrier, which the copies themselves
+// complete (cp.async.mbarrier.arrive), and an `empty` one, which the consumers' warps
+// arrive on once their products have read it. Warpgroups 1 and 2 (the consumers) own 64
+// query rows each. Per tile a consumer issues S = Q K^T, then O += P V for the previous
+// tile, and computes this tile's softmax while the tensor cores run both: no block barrier
+// in the loop, and page-table reads and copies never stall the math.
+#pragma once
+#include "attention_hopper.cuh"
+
+namespace ddtree {
+
+template <int D, int DV, int KT, int ST>
+struct WsTile {
+  static constexpr int BM = 128;            // two consumer warpgroups of 64 rows
+  static constexpr int kThreads = 3 * 128;  // the producer's warpgroup first
+  static constexpr int kProducerRegs = 56;  // setmaxnreg: 56 + 2 * 224 = 504 of 512 a lane
+  static constexpr int kConsumerRegs = 224;
+  static constexpr size_t kQ = static_cast<size_t>(BM) * D;  // elements of each buffer
+  static constexpr size_t kK = static_cast<size_t>(KT) * D;
+  static constexpr size_t kV = static_cast<size_t>(KT) * DV;
+  // Q and the ring, the full and empty mbarriers, a tile's pool slots, 1 KB to align to the
+  // swizzle's period.
+  static constexpr size_t kSmem = 2 * (kQ + ST * (kK + kV)) + 16 * ST + 8 * KT + 1024;
+  static_assert(KT == 64 || KT == 128, "S takes one m64n64 or m64n128 product per k step");
+  static_assert(D % 64 == 0 && DV % 64 == 0, "whole 128-byte column blocks");
+  static_assert(ST >= 2, "a stage loads while the previous tile's P V reads another");
+  static_assert(kSmem <= 227 * 1024, "a Hopper block has at most 227 KB of shared memory");
+};
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count));
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+// Arrives on bar once all of this thread's earlier cp.async copies have landed (counted in
+// the barrier's expected arrivals).
+__device__ __forceinline__ void mbar_arrive_on_copies(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar))
+               : "memory");
+}
+// Waits until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+template <int N>
+__device__ __forceinline__ void regs_down() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void regs_up() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+// The producer: tiles of KT keys from k_begin into the ring, each once its stage is empty.
+// Thread k < KT reads key k's pool slot from the page table a tile ahead and posts it in
+// `ids` for the warpgroup; then eight threads take a key
+// (its 128-byte column blocks' chunks, so that a warp reads whole lines), 16 keys a pass.
+template <typename T, int D, int DV, int KT, int ST>
+__device__ __forceinline__ void ws_produce(const AttentionParams& p, const AttnBlock& w, T* kbuf,
+                                           T* vbuf, long long* ids, uint64_t* full,
+                                           uint64_t* empty) {
+  using Tile = WsTile<D, DV, KT, ST>;
+  constexpr int KPP = 16;
+  const int tid = threadIdx.x, part = tid % 8, key0 = tid / 8;
+  auto slot_of = [&](long long t) {
+    return tid < KT && t < w.k_end && t < w.prefix ? prefix_slot(p, w.start, t) : 0;
+  };
+  long long next = slot_of(w.k_begin + tid);
+  int i = 0;
+  for (long long kt = w.k_begin; kt < w.k_end; kt += KT, ++i) {
+    const int st = i % ST;
+    // The producer warpgroup's barrier: the last tile's ids are read, then these posted.
+    asm volatile("bar.sync 1, 128;\n" ::: "memory");
+    if (tid < KT) ids[tid] = next;
+    asm volatile("bar.sync 1, 128;\n" ::: "memory");
+    next = slot_of(kt + KT + tid);
+    if (i >= ST) mbar_wait(empty + st, ((i / ST) & 1) ^ 1);
+    T* ks = kbuf + st * Tile::kK;
+    T* vs = vbuf + st * Tile::kV;
+#pragma unroll 1
+    for (int key = key0; key < KT; key += KPP) {
+      const long long t = kt + key;
+      const bool valid = t < w.k_end;
+      const KeyRows<T> rows =
+          key_rows_at<T>(p, w.b, w.g, w.prefix, t, ids[key], valid, w.col0);
+#pragma unroll
+      for (int c = part; c < D / 8; c += 8)
+        cp_async16(ks + swizzled(key, c, KT), rows.k + c * 8, valid && c * 8 < p.dqk);
+#pragma unroll
+      for (int c = part; c < DV / 8; c += 8)
+        cp_async16(vs + swizzled(key, c, KT), rows.v + c * 8, valid && c * 8 < w.dv_here);
+    }
+    mbar_arrive_on_copies(full + st);
+  }
+  cp_async_wait<0>();  // nothing of this thread's in flight when it exits
+}
+
+// wgmma::fence_operand on each element of a register array.
+template <typename R, int N, int M>
+__device__ __forceinline__ void fence_all(R (&r)[N][M]) {
+#pragma unroll
+  for (int n = 0; n < N; ++n)
+#pragma unroll
+    for (int m = 0; m < M; ++m) wgmma::fence_operand(r[n][m]);
+}
+
+// O += P V for one tile: KT / 16 steps of 16 keys (2048 bytes of the V block each), P from
+// registers. Issued and committed; the caller waits.
+template <bool kHalf, int DV, int NT>
+__device__ __forceinline__ void pv_issue(float* acc, const uint32_t (&pa)[NT][2], uint64_t v) {
+  wgmma::fence();
+#pragma unroll
+  for (int kk = 0; kk < NT / 2; ++kk) {
+    const uint32_t a[4] = {pa[2 * kk][0], pa[2 * kk][1], pa[2 * kk + 1][0], pa[2 * kk + 1][1]};
+    pv_step<kHalf, DV>(acc, a, v + kk * (16 * 128 / 16));
+  }
+  wgmma::commit();
+}
+
+// The consumers' turns at the tensor cores (see attention_block_ws). Every wait of one
+// consumer is matched by one arrival of the other: consumer 0 waits tiles + 1 times and gets
+// the start's arrival and one per turn of consumer 1 but its last.
+struct Turns {
+  int cw, tiles;
+  __device__ __forceinline__ void start() const {
+    if (cw == 1) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
+  }
+  __device__ __forceinline__ void wait() const {
+    if (cw == 0)
+      asm volatile("bar.sync 2, 256;\n" ::: "memory");
+    else
+      asm volatile("bar.sync 3, 256;\n" ::: "memory");
+  }
+  // After turn `turn` (0 .. tiles) has issued its products.
+  __device__ __forceinline__ void pass(int turn) const {
+    if (cw == 0)
+      asm volatile("bar.arrive 3, 256;\n" ::: "memory");
+    else if (turn < tiles)
+      asm volatile("bar.arrive 2, 256;\n" ::: "memory");
+  }
+};
+
+template <typename T, int D, int DV, int KT, int ST>
+__device__ void attention_block_ws(const AttentionParams& p, unsigned char* smem_raw) {
+  using Tile = WsTile<D, DV, KT, ST>;
+  constexpr bool kHalf = std::is_same<T, __half>::value;
+  constexpr int BM = Tile::BM, NT = KT / 8, VT = DV / 8, KC = D / 8;
+  const uintptr_t base = (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023);
+  T* qs = reinterpret_cast<T*>(base);
+  T* kbuf = qs + Tile::kQ;         // [ST][D / 64][KT][64]
+  T* vbuf = kbuf + ST * Tile::kK;  // [ST][DV / 64][KT][64]
+  uint64_t* full = reinterpret_cast<uint64_t*>(vbuf + ST * Tile::kV);
+  uint64_t* empty = full + ST;
+  long long* ids = reinterpret_cast<long long*>(empty + ST);  // [KT] pool slots
+
+  AttnBlock w;
+  if (!attn_block(p, BM, DV, w)) return;
+  const int tid = threadIdx.x, wg = tid / 128;
+  if (tid == 0) {
+    for (int s = 0; s < ST; ++s) {
+      mbar_init(full + s, 128);  // each producer thread's copies
+      mbar_init(empty + s, 8);   // each consumer warp
+    }
+  }
+  // The block's query rows, zero past M (and past dqk), by all three warpgroups.
+  for (int i = tid; i < BM * KC; i += Tile::kThreads) {
+    const int r = i / KC, c = i % KC;
+    const T* src = query_row<T>(p, w.b, w.g, w.row0 + r, w.group, w.m_rows);
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (src != nullptr && c * 8 < p.dqk) v = *reinterpret_cast<const uint4*>(src + c * 8);
+    *reinterpret_cast<uint4*>(qs + swizzled(r, c, BM)) = v;
+  }
+  fence_async_shared();  // Q's stores to the tensor cores
+  __syncthreads();       // ...and the barriers' initialisation to every thread
+  if (wg == 0) {
+    regs_down<Tile::kProducerRegs>();
+    ws_produce<T, D, DV, KT, ST>(p, w, kbuf, vbuf, ids, full, empty);
+    return;
+  }
+  regs_up<Tile::kConsumerRegs>();
+
+  const int cw = wg - 1, warp = (tid % 128) / 32, lane = tid % 32;
+  const int gr = lane >> 2, gc = lane & 3;
+  const int* bits_of[2];
+  const RowsOut out = rows_out(p, w, cw * 64 + warp * 16 + gr, bits_of);
+  // Descriptors as attention_block_hopper's: Q's rows of this warpgroup, stage 0's K
+  // (K-major) and V (read MN-major); a stage is kStageK / kStageV 16-byte units on.
+  const uint64_t q_desc = smem_desc(qs + cw * 64 * 64, 16, 1024);
+  const uint64_t k_desc = smem_desc(kbuf, 16, 1024);
+  const uint64_t v_desc = smem_desc(vbuf, KT * 128, 1024);
+  constexpr uint32_t kStageK = Tile::kK * 2 / 16, kStageV = Tile::kV * 2 / 16;
+  // Waits for tile i's stage; then makes its copies visible to this thread's products.
+  auto acquire = [&](int i) {
+    mbar_wait(full + i % ST, (i / ST) & 1);
+    fence_async_shared();
+  };
+  // Tile i's stage is read by this warp for the last time (its P V has completed).
+  auto release = [&](int i) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty + i % ST);
+  };
+
+  RowSoftmax sm;
+  float acc[VT][4];
+#pragma unroll
+  for (int t = 0; t < VT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
+  const int tiles = w.k_end > w.k_begin ? static_cast<int>((w.k_end - w.k_begin + KT - 1) / KT) : 0;
+  float s[NT][4];
+  uint32_t pa[NT][2];
+  float scale[2], tile_max[2];
+  // Ping-pong: the two consumers take turns to issue their products (named barriers 2 and
+  // 3, each waited on by one warpgroup and arrived on by the other), so that one's softmax
+  // runs while the tensor cores do the other's products. Consumer 0 goes first; a turn is
+  // a tile's issue, tiles + 1 of them (the last tile's P V alone at the end).
+  const Turns turns{cw, tiles};
+  if (tiles > 0) {
+    turns.start();
+    acquire(0);
+    turns.wait();
+    qk_issue<kHalf, D, NT, BM, KT>(&s[0][0], q_desc, k_desc);
+    turns.pass(0);
+    qk_wait<NT>(&s[0][0]);
+    score_tile(p, s, w.k_begin, w.k_end, w.prefix, bits_of, gc, tile_max);
+    sm.weigh(s, tile_max, scale);  // the accumulators are zero: nothing to rescale
+    RowSoftmax::pack<T>(s, pa);
+  }
+  bool moves = false;
+  for (int i = 1; i < tiles; ++i) {
+    // S of tile i, then O += P V of tile i - 1 behind it (O first rescaled for tile i - 1's
+    // maximum, as FlashAttention-3 orders it); tile i's softmax runs while the tensor cores
+    // do the second.
+    acquire(i);
+    if (moves) RowSoftmax::rescale(acc, scale);
+    turns.wait();
+    qk_issue<kHalf, D, NT, BM, KT>(&s[0][0], q_desc, k_desc + (i % ST) * kStageK);
+    pv_issue<kHalf, DV>(&acc[0][0], pa, v_desc + ((i - 1) % ST) * kStageV);
+    turns.pass(i);
+    wgmma::wait<1>();
+    fence_all(s);
+    const long long kt = w.k_begin + static_cast<long long>(i) * KT;
+    score_tile(p, s, kt, w.k_end, w.prefix, bits_of, gc, tile_max);
+    moves = sm.weigh(s, tile_max, scale);
+    wgmma::wait<0>();
+    fence_all(pa);
+    fence_all(acc);
+    release(i - 1);
+    RowSoftmax::pack<T>(s, pa);
+  }
+  if (tiles > 0) {
+    if (moves) RowSoftmax::rescale(acc, scale);
+    turns.wait();
+    pv_issue<kHalf, DV>(&acc[0][0], pa, v_desc + ((tiles - 1) % ST) * kStageV);
+    turns.pass(tiles);
+    wgmma::wait<0>();
+    fence_all(pa);
+    fence_all(acc);
+  }
+  sm.finish();
+  write_rows<T>(p, out, acc, sm, 0, gc);
+}
+
+}  // namespace ddtree
