@@ -3,10 +3,10 @@
 // kernel takes the one AttentionParams struct by value (__grid_constant__).
 #include "ddtree/attention.cuh"
 
-// grid (bs), 256 threads.
+// grid (blocks per request, bs), 256 threads; status already kStatusOk.
 extern "C" __global__ void __launch_bounds__(256)
     ddtree_attention_check(const __grid_constant__ ddtree::AttentionParams p) {
-  ddtree::attention_check(p, blockIdx.x);
+  ddtree::attention_check(p, blockIdx.y);
 }
 
 // grid (row_tiles * dv_chunks, splits, bs * Hkv), 32 * W threads, AttnTile::kSmem bytes.

@@ -370,6 +370,14 @@ pub fn resident_blocks(
     Ok(Some((v, (sms.max(1) * per_sm.max(1)) as usize)))
 }
 
+/// Blocks per request of the index check: about 2048 pages each (eight a thread) when the
+/// pages of `num_indices` are shared evenly by `bs` requests, from 1 to 128. A function of
+/// the shapes alone, so that graph replays keep their geometry.
+pub fn check_blocks(num_indices: i64, bs: i32) -> u32 {
+    let per_request = num_indices.max(0) as u64 / bs.max(1) as u64;
+    per_request.div_ceil(2048).clamp(1, 128) as u32
+}
+
 /// Launches the check, the attention blocks and (with `p.splits` > 1) the merge on
 /// `stream`. `f16` selects the fp16 kernels (else bf16); `v_in_k` says V is a view of K's
 /// first `dv` columns (same addresses and strides), which lets an MLA call read the values
@@ -413,12 +421,16 @@ pub unsafe fn tree_attention(
     p.dv_chunks = dv_chunks as i32;
     let stream = stream as CUstream;
     let z = (p.bs * p.hkv) as u32;
+    // Status 0 (ok) for every request, then the check's blocks mark the bad ones.
+    sys::cuMemsetD32Async(p.status, 0, p.bs as usize, stream)
+        .result()
+        .map_err(|e| CudaError::driver("cuMemsetD32Async(status)", e))?;
     let mut args = Params::new();
     args.arg(&p);
     launch(
         "cuLaunchKernel(attention_check)",
         dev.attention_check,
-        (p.bs as u32, 1, 1),
+        (check_blocks(p.num_indices, p.bs), p.bs as u32, 1),
         256,
         0,
         stream,
@@ -597,6 +609,15 @@ mod tests {
         // The Hopper MLA tile holds 64 rows: 32 row tiles per request, so fewer splits.
         let p = SplitPlan::new(2, 256, (8, 1), (576, 512), (&HOPPER_VARIANTS[3], 132)).unwrap();
         assert_eq!((p.splits, p.tile.as_str()), (vec![4, 2], "sm90a_d576vk"));
+    }
+
+    #[test]
+    fn the_check_spreads_a_long_prefix_over_blocks() {
+        assert_eq!(check_blocks(65536, 1), 32);
+        assert_eq!(check_blocks(65536 * 8, 8), 32);
+        assert_eq!(check_blocks(100, 4), 1);
+        assert_eq!(check_blocks(0, 1), 1);
+        assert_eq!(check_blocks(1 << 30, 1), 128);
     }
 
     #[test]

@@ -95,9 +95,12 @@ __device__ __forceinline__ long long attn_indptr(const AttentionParams& p, int b
                    : static_cast<const int*>(p.kv_indptr)[b];
 }
 
-// Stage 0, one block per request: every page the prefix uses lies in the request's list and
-// in kv_indices, and every slot it addresses in the pool; else kStatusSlotOutOfRange, and
-// the attention kernels skip the request (its output rows keep their values).
+// Stage 0, gridDim.x blocks per request: every page the prefix uses lies in the request's
+// list and in kv_indices, and every slot it addresses in the pool; else
+// kStatusSlotOutOfRange, and the attention kernels skip the request (its output rows keep
+// their values). The launcher sets status to kStatusOk first; a block that finds a bad page
+// among its share (pages blockIdx.x * blockDim.x + threadIdx.x, a grid's width apart)
+// overwrites it, so that a long prefix's pages are checked by many blocks at once.
 __device__ void attention_check(const AttentionParams& p, int b) {
   const long long len = p.prefix_lens[b];
   const int ps = 1 << p.page_shift;
@@ -105,7 +108,8 @@ __device__ void attention_check(const AttentionParams& p, int b) {
   const long long pages = len > 0 ? ((len - 1) >> p.page_shift) + 1 : 0;
   int bad = len < 0 || start < 0 || start + pages > end || start + pages > p.num_indices;
   if (!bad) {
-    for (long long i = threadIdx.x; i < pages; i += blockDim.x) {
+    const long long width = static_cast<long long>(gridDim.x) * blockDim.x;
+    for (long long i = blockIdx.x * blockDim.x + threadIdx.x; i < pages; i += width) {
       const long long used = i + 1 < pages ? ps : len - (i << p.page_shift);
       const long long page = attn_index(p, start + i);
       // page * ps + used <= slots, compared without forming a product that could overflow.
@@ -113,7 +117,7 @@ __device__ void attention_check(const AttentionParams& p, int b) {
     }
   }
   bad = __syncthreads_or(bad);
-  if (threadIdx.x == 0) p.status[b] = bad ? kStatusSlotOutOfRange : kStatusOk;
+  if (threadIdx.x == 0 && bad) p.status[b] = kStatusSlotOutOfRange;
 }
 
 // The pool slot of prefix token t of request b (checked by attention_check).
