@@ -66,17 +66,37 @@ __device__ __forceinline__ void regs_up() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
+__device__ __forceinline__ void st_shared_u64(long long* p, long long v) {
+  asm volatile("st.shared.u64 [%0], %1;\n" ::"r"(smem_addr(p)), "l"(v) : "memory");
+}
+__device__ __forceinline__ long long ld_shared_u64(const long long* p) {
+  long long v;
+  asm volatile("ld.shared.u64 %0, [%1];\n" : "=l"(v) : "r"(smem_addr(p)) : "memory");
+  return v;
+}
+
 // The producer: tiles of KT keys from k_begin into the ring, each once its stage is empty.
 // Thread k < KT reads key k's pool slot from the page table a tile ahead and posts it in
-// `ids` for the warpgroup; then eight threads take a key
-// (its 128-byte column blocks' chunks, so that a warp reads whole lines), 16 keys a pass.
+// `ids` for the warpgroup. Then eight threads take a key, 16 keys a pass: thread `part`
+// copies chunk `part` of each of the key's 128-byte column blocks (so that a warp reads
+// whole lines), into the same swizzled place of every pass (its keys are 16 apart, so the
+// swizzle, key % 8, stays the same), which keeps the loop to a slot read, one product for
+// the row's address and the copies.
 template <typename T, int D, int DV, int KT, int ST>
 __device__ __forceinline__ void ws_produce(const AttentionParams& p, const AttnBlock& w, T* kbuf,
                                            T* vbuf, long long* ids, uint64_t* full,
                                            uint64_t* empty) {
   using Tile = WsTile<D, DV, KT, ST>;
-  constexpr int KPP = 16;
+  constexpr int KPP = 16, KB = D / 64, VB = DV / 64;  // keys a pass; column blocks of K, V
   const int tid = threadIdx.x, part = tid % 8, key0 = tid / 8;
+  const int at = key0 * 64 + ((part ^ (key0 & 7)) << 3);  // in a tile, less 1024 a pass
+  bool k_has[KB], v_has[VB];  // whether the rows have this thread's chunk of each block
+#pragma unroll
+  for (int cb = 0; cb < KB; ++cb) k_has[cb] = (part + 8 * cb) * 8 < p.dqk;
+#pragma unroll
+  for (int cb = 0; cb < VB; ++cb) v_has[cb] = (part + 8 * cb) * 8 < w.dv_here;
+  const T* k_pool = static_cast<const T*>(p.k_cache) + w.g * p.kc_s1 + part * 8;
+  const T* v_pool = static_cast<const T*>(p.v_cache) + w.g * p.vc_s1 + w.col0 + part * 8;
   auto slot_of = [&](long long t) {
     return tid < KT && t < w.k_end && t < w.prefix ? prefix_slot(p, w.start, t) : 0;
   };
@@ -86,24 +106,33 @@ __device__ __forceinline__ void ws_produce(const AttentionParams& p, const AttnB
     const int st = i % ST;
     // The producer warpgroup's barrier: the last tile's ids are read, then these posted.
     asm volatile("bar.sync 1, 128;\n" ::: "memory");
-    if (tid < KT) ids[tid] = next;
+    if (tid < KT) st_shared_u64(ids + tid, next);
     asm volatile("bar.sync 1, 128;\n" ::: "memory");
     next = slot_of(kt + KT + tid);
     if (i >= ST) mbar_wait(empty + st, ((i / ST) & 1) ^ 1);
-    T* ks = kbuf + st * Tile::kK;
-    T* vs = vbuf + st * Tile::kV;
-#pragma unroll 1
-    for (int key = key0; key < KT; key += KPP) {
-      const long long t = kt + key;
+    T* ks = kbuf + st * Tile::kK + at;
+    T* vs = vbuf + st * Tile::kV + at;
+#pragma unroll 2
+    for (int j = 0; j < KT / KPP; ++j) {
+      const long long t = kt + key0 + j * KPP;
       const bool valid = t < w.k_end;
-      const KeyRows<T> rows =
-          key_rows_at<T>(p, w.b, w.g, w.prefix, t, ids[key], valid, w.col0);
+      const T* k_row;
+      const T* v_row;
+      if (t < w.prefix) {
+        const long long slot = ld_shared_u64(ids + key0 + j * KPP);
+        k_row = k_pool + slot * p.kc_s0;
+        v_row = v_pool + slot * p.vc_s0;
+      } else {  // a tree node's row (or none past the split: not read)
+        const KeyRows<T> rows = key_rows_at<T>(p, w.b, w.g, w.prefix, t, 0, valid, w.col0);
+        k_row = rows.k + part * 8;
+        v_row = rows.v + part * 8;
+      }
 #pragma unroll
-      for (int c = part; c < D / 8; c += 8)
-        cp_async16(ks + swizzled(key, c, KT), rows.k + c * 8, valid && c * 8 < p.dqk);
+      for (int cb = 0; cb < KB; ++cb)
+        cp_async16(ks + j * KPP * 64 + cb * KT * 64, k_row + cb * 64, valid && k_has[cb]);
 #pragma unroll
-      for (int c = part; c < DV / 8; c += 8)
-        cp_async16(vs + swizzled(key, c, KT), rows.v + c * 8, valid && c * 8 < w.dv_here);
+      for (int cb = 0; cb < VB; ++cb)
+        cp_async16(vs + j * KPP * 64 + cb * KT * 64, v_row + cb * 64, valid && v_has[cb]);
     }
     mbar_arrive_on_copies(full + st);
   }
