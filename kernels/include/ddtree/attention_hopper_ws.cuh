@@ -8,8 +8,9 @@
 // complete (cp.async.mbarrier.arrive), and an `empty` one, which the consumers' warps
 // arrive on once their products have read it. Warpgroups 1 and 2 (the consumers) own 64
 // query rows each. Per tile a consumer issues S = Q K^T, then O += P V for the previous
-// tile, and computes this tile's softmax while the tensor cores run both: no block barrier
-// in the loop, and page-table reads and copies never stall the math.
+// tile, and computes this tile's softmax once S is done; the two consumers take turns at
+// the tensor cores, so that one's softmax runs while the other's products do. No block
+// barrier in the loop, and page-table reads and copies are off the math's path.
 #pragma once
 #include "attention_hopper.cuh"
 

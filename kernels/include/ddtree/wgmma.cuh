@@ -194,8 +194,7 @@ __device__ __forceinline__ void wait() {
 // Keeps the compiler from moving reads or writes of an accumulator across a wait.
 __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 // The same for an A operand in registers, by a real (if idle) instruction after the wait:
-// ptxas, which never sees an empty asm, keeps the register unchanged until the move instead
-// of waiting early to reuse it.
+// an empty asm never reaches ptxas, a move keeps the register live in its view until then.
 __device__ __forceinline__ void fence_operand(uint32_t& r) {
   asm volatile("mov.b32 %0, %0;\n" : "+r"(r)::"memory");
 }
