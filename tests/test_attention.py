@@ -64,6 +64,12 @@ def test_a_bad_page_sets_a_status_or_raises():
     assert status.tolist() == [ddtree.STATUS_SLOT_OUT_OF_RANGE, 0]
     q_nodes = c["tree"].width
     assert (out[:q_nodes] == 7.0).all() and not (out[q_nodes:] == 7.0).all()
+    # The kernels write status[b]: a strided view is refused, naming it, before anything runs.
+    strided = torch.full((4,), -1, dtype=torch.int32)[::2]
+    out.fill_(7.0)
+    with pytest.raises(ValueError, match="status: must be contiguous"):
+        ddtree.tree_attention(**c, out=out, status=strided)
+    assert (strided == -1).all() and (out == 7.0).all()
 
 
 @pytest.mark.parametrize(

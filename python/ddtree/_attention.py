@@ -179,6 +179,8 @@ def _check(given: dict) -> dict:
         status.shape != (bs,) or status.dtype != torch.int32 or status.device != dev
     ):
         raise ValueError(f"status: must be int32 [{bs}] on {dev}")
+    if status is not None and not status.is_contiguous():  # written as status[b]
+        raise ValueError("status: must be contiguous")
     return {
         "q": q, "k_new": k_new, "v_new": v_new, "k_cache": k_cache, "v_cache": v_cache,
         "indptr": indptr, "indices": indices, "prefix": prefix, "tree": tree,
