@@ -344,13 +344,7 @@ struct RowSoftmax {
         m[h] = m_new;
         l[h] *= scale[h];
       }
-#pragma unroll
-      for (int t = 0; t < VT; ++t) {
-        acc[t][0] *= scale[0];
-        acc[t][1] *= scale[0];
-        acc[t][2] *= scale[1];
-        acc[t][3] *= scale[1];
-      }
+      rescale(acc, scale);
     }
 #pragma unroll
     for (int n = 0; n < NT; ++n) {

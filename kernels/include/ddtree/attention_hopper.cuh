@@ -118,6 +118,43 @@ __device__ __forceinline__ void swap_rows(float* x, int cg, int r, int gc, float
   v[1] = x[(1 - cg) * 64 + r + 8];
 }
 
+// wgmma::fence_operand on each element of a register array.
+template <typename R, int N, int M>
+__device__ __forceinline__ void fence_all(R (&r)[N][M]) {
+#pragma unroll
+  for (int n = 0; n < N; ++n)
+#pragma unroll
+    for (int m = 0; m < M; ++m) wgmma::fence_operand(r[n][m]);
+}
+
+// O += P V for one tile: KT / 16 steps of 16 keys (2048 bytes of the V block each), P from
+// registers. Issued and committed; the caller waits.
+template <bool kHalf, int DV, int NT>
+__device__ __forceinline__ void pv_issue(float* acc, const uint32_t (&pa)[NT][2], uint64_t v) {
+  wgmma::fence();
+#pragma unroll
+  for (int kk = 0; kk < NT / 2; ++kk) {
+    const uint32_t a[4] = {pa[2 * kk][0], pa[2 * kk][1], pa[2 * kk + 1][0], pa[2 * kk + 1][1]};
+    pv_step<kHalf, DV>(acc, a, v + kk * (16 * 128 / 16));
+  }
+  wgmma::commit();
+}
+
+// The block's BM query rows (rows w.row0 .. of M) into Q's swizzled buffer by kThreads
+// threads in 16-byte chunks, zero past M and past dqk.
+template <typename T, int D, int BM, int kThreads>
+__device__ __forceinline__ void load_q_swizzled(const AttentionParams& p, const AttnBlock& w,
+                                                T* qs) {
+  constexpr int KC = D / 8;  // 16-byte chunks of a row
+  for (int i = threadIdx.x; i < BM * KC; i += kThreads) {
+    const int r = i / KC, c = i % KC;
+    const T* src = query_row<T>(p, w.b, w.g, w.row0 + r, w.group, w.m_rows);
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (src != nullptr && c * 8 < p.dqk) v = *reinterpret_cast<const uint4*>(src + c * 8);
+    *reinterpret_cast<uint4*>(qs + swizzled(r, c, BM)) = v;
+  }
+}
+
 template <typename T, int D, int DVW, int RG, int CG, bool VK, bool SI, int ST = 2>
 __device__ void attention_block_hopper(const AttentionParams& p, unsigned char* smem_raw) {
   using Tile = HopperTile<D, DVW, RG, CG, VK, SI, ST>;
@@ -134,8 +171,7 @@ __device__ void attention_block_hopper(const AttentionParams& p, unsigned char* 
 
   AttnBlock w;
   if (!attn_block(p, BM, DVB, w)) return;
-  const int b = w.b, g = w.g, group = w.group, m_rows = w.m_rows, col0 = w.col0;
-  const int row0 = w.row0, dv_here = w.dv_here;
+  const int b = w.b, g = w.g, col0 = w.col0, dv_here = w.dv_here;
   const long long prefix = w.prefix, k_begin = w.k_begin, k_end = w.k_end, start = w.start;
   const int tid = threadIdx.x, wg = tid / 128, rg = wg % RG, cg = wg / RG;
   const int warp = (tid % 128) / 32, lane = tid % 32;
@@ -204,14 +240,7 @@ __device__ void attention_block_hopper(const AttentionParams& p, unsigned char* 
   if (k_begin < k_end) issue(k_begin, 0, 0);
   stage_pages(k_begin + KT, 1);
   cp_async_commit();
-  // The block's query rows, zero past M (and past dqk).
-  for (int i = tid; i < BM * KC; i += Tile::kThreads) {
-    const int r = i / KC, c = i % KC;
-    const T* src = query_row<T>(p, b, g, row0 + r, group, m_rows);
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (src != nullptr && c * 8 < p.dqk) v = *reinterpret_cast<const uint4*>(src + c * 8);
-    *reinterpret_cast<uint4*>(qs + swizzled(r, c, BM)) = v;
-  }
+  load_q_swizzled<T, D, BM, Tile::kThreads>(p, w, qs);
 
   // This thread's two rows (the m64 accumulator layout: warp w of the warpgroup holds rows
   // 16 w .. 16 w + 15, as mma.sync's m16 per warp) and their tree nodes.
@@ -282,21 +311,12 @@ __device__ void attention_block_hopper(const AttentionParams& p, unsigned char* 
 #pragma unroll
       for (int kk = 0; kk < KT / 16; ++kk)
         wgmma::sst_n256<kHalf>(&acc[0][0], p_desc + kk * 2, v_st + kk * (16 * 128 / 16), 1);
+      wgmma::commit();
     } else {
-      wgmma::fence();
-#pragma unroll
-      for (int kk = 0; kk < KT / 16; ++kk) {
-        const uint32_t a[4] = {pa[2 * kk][0], pa[2 * kk][1], pa[2 * kk + 1][0],
-                               pa[2 * kk + 1][1]};
-        pv_step<kHalf, DVW>(&acc[0][0], a, v_st + kk * (16 * 128 / 16));
-      }
+      pv_issue<kHalf, DVW>(&acc[0][0], pa, v_st);
     }
-    wgmma::commit();
     wgmma::wait<0>();  // the stage is free for the refill after the next barrier
-#pragma unroll
-    for (int t = 0; t < VT; ++t)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) wgmma::fence_operand(acc[t][e]);
+    fence_all(acc);
   }
   sm.finish();
   if constexpr (CG == 2) {  // each warpgroup summed its half of the keys

@@ -140,28 +140,6 @@ __device__ __forceinline__ void ws_produce(const AttentionParams& p, const AttnB
   cp_async_wait<0>();  // nothing of this thread's in flight when it exits
 }
 
-// wgmma::fence_operand on each element of a register array.
-template <typename R, int N, int M>
-__device__ __forceinline__ void fence_all(R (&r)[N][M]) {
-#pragma unroll
-  for (int n = 0; n < N; ++n)
-#pragma unroll
-    for (int m = 0; m < M; ++m) wgmma::fence_operand(r[n][m]);
-}
-
-// O += P V for one tile: KT / 16 steps of 16 keys (2048 bytes of the V block each), P from
-// registers. Issued and committed; the caller waits.
-template <bool kHalf, int DV, int NT>
-__device__ __forceinline__ void pv_issue(float* acc, const uint32_t (&pa)[NT][2], uint64_t v) {
-  wgmma::fence();
-#pragma unroll
-  for (int kk = 0; kk < NT / 2; ++kk) {
-    const uint32_t a[4] = {pa[2 * kk][0], pa[2 * kk][1], pa[2 * kk + 1][0], pa[2 * kk + 1][1]};
-    pv_step<kHalf, DV>(acc, a, v + kk * (16 * 128 / 16));
-  }
-  wgmma::commit();
-}
-
 // The consumers' turns at the tensor cores (see attention_block_ws). Every wait of one
 // consumer is matched by one arrival of the other: consumer 0 waits tiles + 1 times and gets
 // the start's arrival and one per turn of consumer 1 but its last.
@@ -189,7 +167,7 @@ template <typename T, int D, int DV, int KT, int ST>
 __device__ void attention_block_ws(const AttentionParams& p, unsigned char* smem_raw) {
   using Tile = WsTile<D, DV, KT, ST>;
   constexpr bool kHalf = std::is_same<T, __half>::value;
-  constexpr int BM = Tile::BM, NT = KT / 8, VT = DV / 8, KC = D / 8;
+  constexpr int BM = Tile::BM, NT = KT / 8, VT = DV / 8;
   const uintptr_t base = (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023);
   T* qs = reinterpret_cast<T*>(base);
   T* kbuf = qs + Tile::kQ;         // [ST][D / 64][KT][64]
@@ -207,14 +185,7 @@ __device__ void attention_block_ws(const AttentionParams& p, unsigned char* smem
       mbar_init(empty + s, 8);   // each consumer warp
     }
   }
-  // The block's query rows, zero past M (and past dqk), by all three warpgroups.
-  for (int i = tid; i < BM * KC; i += Tile::kThreads) {
-    const int r = i / KC, c = i % KC;
-    const T* src = query_row<T>(p, w.b, w.g, w.row0 + r, w.group, w.m_rows);
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (src != nullptr && c * 8 < p.dqk) v = *reinterpret_cast<const uint4*>(src + c * 8);
-    *reinterpret_cast<uint4*>(qs + swizzled(r, c, BM)) = v;
-  }
+  load_q_swizzled<T, D, BM, Tile::kThreads>(p, w, qs);  // by all three warpgroups
   fence_async_shared();  // Q's stores to the tensor cores
   __syncthreads();       // ...and the barriers' initialisation to every thread
   if (wg == 0) {
