@@ -128,6 +128,24 @@ const fn hopper_ws(name: &'static str, d: usize, kt: usize, stages: usize) -> Va
     }
 }
 
+/// MLA's Hopper tile (`DDTREE_ATTENTION_HOPPER_MLA`, `MlaTile`): head dim 576, V the first
+/// 512 columns of K; a producer warpgroup gathers tiles of 64 keys, two consumers of 64 rows
+/// and 256 value columns each take alternate tiles (FlashMLA's seesaw).
+const fn hopper_mla() -> Variant {
+    Variant {
+        name: "d576vk",
+        d: 576,
+        dvc: 256,
+        warps: 12,
+        kt: 64,
+        col_warps: 2,
+        v_in_k: true,
+        stages: 2,
+        hopper: true,
+        producer: true,
+    }
+}
+
 /// The compiled variants, smallest head dim first (the order of the device's functions);
 /// a `v_in_k` variant serves only calls whose V is a view of K.
 pub const VARIANTS: [Variant; 5] = [
@@ -148,10 +166,7 @@ pub const HOPPER_VARIANTS: [Variant; 4] = [
     hopper_ws("d64", 64, 128, 4),
     hopper_ws("d128", 128, 128, 3),
     hopper("d256", 256, 256, 2, 1),
-    Variant {
-        v_in_k: true,
-        ..hopper("d576vk", 576, 256, 1, 2)
-    },
+    hopper_mla(),
 ];
 /// Most dynamic shared memory a Hopper block may have (227 KB).
 pub const HOPPER_SMEM: usize = 227 * 1024;
@@ -174,6 +189,13 @@ impl Variant {
     }
     /// Dynamic shared memory of a block (`AttnTile::kSmem`) for `elem` bytes per element.
     pub fn smem_bytes(&self, elem: usize) -> usize {
+        if self.producer && self.v_in_k {
+            // Q, the two tiles and a P block (`MlaTile::kSmem`); four ready and four free
+            // mbarriers; the shared maximum and two row sums (fp32 rows of 64); 1 KB for the
+            // alignment.
+            let halves = self.rows() * self.d + self.stages * self.kt * self.d + 64 * self.kt;
+            return elem * halves + 8 * 8 + 4 * 3 * 64 + 1024;
+        }
         if self.producer {
             // Q and the ring (`WsTile::kSmem`), a full and an empty mbarrier per stage, a
             // tile's 8-byte pool slots, and 1 KB for the alignment.
@@ -490,7 +512,7 @@ mod tests {
             }
         }
         let entry = include_str!("../../../kernels/attention_sm90a.cu");
-        for v in HOPPER_VARIANTS.iter().filter(|v| v.producer) {
+        for v in HOPPER_VARIANTS.iter().filter(|v| v.producer && !v.v_in_k) {
             let line = format!("({}, {}, {}, {}, {})", v.name, v.d, v.dvc, v.kt, v.stages);
             assert!(entry.contains(&line), "attention_sm90a.cu lacks {line}");
             assert_eq!((v.warps, v.col_warps, v.v_in_k), (12, 1, false), "WsTile");
@@ -505,6 +527,14 @@ mod tests {
             assert!(entry.contains(&line), "attention_sm90a.cu lacks {line}");
             assert_eq!((v.kt, v.stages), (64, 2), "HopperTile's KT and ST");
         }
+        let mla = HOPPER_VARIANTS[3];
+        assert!(mla.producer && mla.v_in_k);
+        assert!(entry.contains("DDTREE_ATTENTION_HOPPER_MLA(ddtree_attention_sm90a_bf16_d576vk,"));
+        let header = include_str!("../../../kernels/include/ddtree/attention_hopper_mla.cuh");
+        assert!(
+            header.contains("D = 576, DV = 512, KT = 64, BM = 64;"),
+            "MlaTile"
+        );
     }
 
     #[test]
@@ -515,12 +545,13 @@ mod tests {
         }
         let mla = HOPPER_VARIANTS[3];
         assert_eq!((mla.rows(), mla.block_cols()), (64, 512));
-        // Q 64 x 576, two K tiles of 64 x 576 and P 64 x 64, bf16; two fp32 rows of 64; two
-        // tiles' page ids; the alignment slack.
+        // Q 64 x 576, two K tiles of 64 x 576 and P 64 x 64, bf16; eight mbarriers; three
+        // fp32 rows of 64; the alignment slack: 1216 bytes under the limit.
         assert_eq!(
             mla.smem_bytes(2),
-            2 * (3 * 64 * 576 + 64 * 64) + 512 + 1024 + 1024
+            2 * (3 * 64 * 576 + 64 * 64) + 64 + 768 + 1024
         );
+        assert_eq!(HOPPER_SMEM - mla.smem_bytes(2), 1216);
         let d128 = HOPPER_VARIANTS[1];
         assert_eq!((d128.rows(), d128.block_cols()), (128, 128));
         // Q 128 x 128, three stages of 128 keys' K and V, bf16; six mbarriers; 128 slots; the
@@ -529,7 +560,8 @@ mod tests {
             d128.smem_bytes(2),
             2 * (128 * 128 + 3 * 128 * 256) + 48 + 1024 + 1024
         );
-        assert!(!d128.stages_page_ids() && HOPPER_VARIANTS[3].stages_page_ids());
+        assert!(!d128.stages_page_ids() && HOPPER_VARIANTS[2].stages_page_ids());
+        assert!(!mla.stages_page_ids());
         assert_eq!(geometry(&mla, 256, 8, 512), (32, 1));
         let pick = |hopper, dqk, vk| Variant::for_call(hopper, dqk, 512, vk).map(|(_, v)| v);
         assert_eq!(pick(true, 576, true), Some(mla));
