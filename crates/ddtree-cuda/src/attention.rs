@@ -190,11 +190,11 @@ impl Variant {
     /// Dynamic shared memory of a block (`AttnTile::kSmem`) for `elem` bytes per element.
     pub fn smem_bytes(&self, elem: usize) -> usize {
         if self.producer && self.v_in_k {
-            // Q, the two tiles and a P block (`MlaTile::kSmem`); four ready and four free
-            // mbarriers; the shared maximum and two row sums (fp32 rows of 64); 1 KB for the
-            // alignment.
+            // Q, the two tiles and a P block (`MlaTile::kSmem`); four ready, four free and two
+            // maximum mbarriers; the shared maximum and two row sums (fp32 rows of 64); 1 KB
+            // for the alignment.
             let halves = self.rows() * self.d + self.stages * self.kt * self.d + 64 * self.kt;
-            return elem * halves + 8 * 8 + 4 * 3 * 64 + 1024;
+            return elem * halves + 10 * 8 + 4 * 3 * 64 + 1024;
         }
         if self.producer {
             // Q and the ring (`WsTile::kSmem`), a full and an empty mbarrier per stage, a
@@ -545,13 +545,13 @@ mod tests {
         }
         let mla = HOPPER_VARIANTS[3];
         assert_eq!((mla.rows(), mla.block_cols()), (64, 512));
-        // Q 64 x 576, two K tiles of 64 x 576 and P 64 x 64, bf16; eight mbarriers; three
-        // fp32 rows of 64; the alignment slack: 1216 bytes under the limit.
+        // Q 64 x 576, two K tiles of 64 x 576 and P 64 x 64, bf16; ten mbarriers; three
+        // fp32 rows of 64; the alignment slack: 1200 bytes under the limit.
         assert_eq!(
             mla.smem_bytes(2),
-            2 * (3 * 64 * 576 + 64 * 64) + 64 + 768 + 1024
+            2 * (3 * 64 * 576 + 64 * 64) + 80 + 768 + 1024
         );
-        assert_eq!(HOPPER_SMEM - mla.smem_bytes(2), 1216);
+        assert_eq!(HOPPER_SMEM - mla.smem_bytes(2), 1200);
         let d128 = HOPPER_VARIANTS[1];
         assert_eq!((d128.rows(), d128.block_cols()), (128, 128));
         // Q 128 x 128, three stages of 128 keys' K and V, bf16; six mbarriers; 128 slots; the

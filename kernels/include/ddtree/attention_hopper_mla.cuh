@@ -31,15 +31,17 @@ struct MlaTile {
   static constexpr size_t kQ = static_cast<size_t>(BM) * D;  // elements of each buffer
   static constexpr size_t kK = static_cast<size_t>(KT) * D;
   static constexpr size_t kP = static_cast<size_t>(BM) * KT;
-  // Q, two tiles and P1; four ready and four free mbarriers; the shared maximum and the two
-  // warpgroups' row sums (fp32); 1 KB to align to the swizzle's period.
-  static constexpr size_t kSmem = 2 * (kQ + 2 * kK + kP) + 8 * 8 + 4 * 3 * BM + 1024;
+  // Q, two tiles and P1; four ready, four free and two maximum mbarriers; the shared
+  // maximum and the two warpgroups' row sums (fp32); 1 KB to align to the swizzle's period.
+  static constexpr size_t kSmem = 2 * (kQ + 2 * kK + kP) + 10 * 8 + 4 * 3 * BM + 1024;
   static_assert(kSmem <= 227 * 1024, "a Hopper block has at most 227 KB of shared memory");
 };
 
 // Named barriers between the two consumers (0 is __syncthreads): each is arrived on by one
 // and waited on by the other once a round, in an order that never lets one arrive twice.
-enum MlaBarrier : int { kM0 = 1, kM1 = 2, kP0 = 3, kP1 = 4, kSums = 5 };
+// The maximum, which the consumers read with ordinary loads, goes through mbarriers
+// instead: compute-sanitizer's racecheck does not see the ordering bar.arrive gives.
+enum MlaBarrier : int { kP0 = 1, kP1 = 2, kSums = 3 };
 __device__ __forceinline__ void bar_arrive(int id) {
   asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory");
 }
@@ -148,22 +150,39 @@ __device__ __forceinline__ void mla_store_p(T* pbuf, const float (&s)[8][4], int
     }
 }
 
+// Moves this thread's rows' maximum to m_new (never below it), scaling acc and l to it; a
+// warp none of whose rows moves skips the scaling.
+__device__ __forceinline__ void mla_move_max(RowSoftmax& sm, const float (&m_new)[2],
+                                             float (&acc)[32][4]) {
+  if (__any_sync(0xffffffffu, m_new[0] != sm.m[0] || m_new[1] != sm.m[1])) {
+    float scale[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      scale[h] = m_new[h] == -INFINITY ? 1.0f : exp2f(sm.m[h] - m_new[h]);
+      sm.l[h] *= scale[h];
+    }
+    RowSoftmax::rescale(acc, scale);
+  }
+  sm.m[0] = m_new[0];
+  sm.m[1] = m_new[1];
+}
+
 // The online softmax step of a consumer's tile: the maximum moves from m (the scale of acc
-// and l) to max(m_ref, tile max); acc and l follow; s becomes the weights exp2(s - m), which
-// are added to l. A row with no key yet keeps m = -inf and weights 0.
+// and l) to m_ref, or to the tile's maximum where that passes m_ref by more than
+// kLazyRescale (as RowSoftmax: weights stay under 2^kLazyRescale, and most tiles move no
+// row's maximum, so that a warp skips the rescale of its 128 accumulators); acc and l
+// follow; s becomes the weights exp2(s - m), which are added to l. A row with no key yet
+// keeps m = -inf and weights 0.
 __device__ __forceinline__ void mla_softmax(RowSoftmax& sm, float (&s)[8][4],
                                             const float (&tile_max)[2], const float (&m_ref)[2],
                                             float (&acc)[32][4]) {
-  float scale[2], base[2];
+  float m_new[2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const float m_new = fmaxf(m_ref[h], tile_max[h]);
-    scale[h] = m_new == -INFINITY ? 1.0f : exp2f(sm.m[h] - m_new);
-    sm.m[h] = m_new;
-    sm.l[h] *= scale[h];
-    base[h] = m_new == -INFINITY ? 0.0f : m_new;
-  }
-  RowSoftmax::rescale(acc, scale);
+  for (int h = 0; h < 2; ++h)
+    m_new[h] = tile_max[h] > m_ref[h] + kLazyRescale ? tile_max[h] : m_ref[h];
+  mla_move_max(sm, m_new, acc);
+  const float base[2] = {m_new[0] == -INFINITY ? 0.0f : m_new[0],
+                         m_new[1] == -INFINITY ? 0.0f : m_new[1]};
 #pragma unroll
   for (int n = 0; n < 8; ++n)
 #pragma unroll
@@ -174,16 +193,25 @@ __device__ __forceinline__ void mla_softmax(RowSoftmax& sm, float (&s)[8][4],
 }
 
 // This thread's two rows of the shared maximum (xm[64]): read, or written by the quad's
-// first lane once every lane of the warp has read the last value.
+// first lane once every lane of the warp has read the last value. Shared-space accesses:
+// the buffers' addresses come through an integer, so the compiler would use generic ones.
+__device__ __forceinline__ float ld_shared_f32(const float* p) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(smem_addr(p)) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_shared_f32(float* p, float v) {
+  asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(smem_addr(p)), "f"(v) : "memory");
+}
 __device__ __forceinline__ void mla_read_max(const float* xm, int r, float (&m)[2]) {
-  m[0] = xm[r];
-  m[1] = xm[r + 8];
+  m[0] = ld_shared_f32(xm + r);
+  m[1] = ld_shared_f32(xm + r + 8);
 }
 __device__ __forceinline__ void mla_post_max(float* xm, int r, int gc, const float (&m)[2]) {
   __syncwarp();
   if (gc == 0) {
-    xm[r] = m[0];
-    xm[r + 8] = m[1];
+    st_shared_f32(xm + r, m[0]);
+    st_shared_f32(xm + r + 8, m[1]);
   }
 }
 
@@ -199,7 +227,8 @@ __device__ void attention_block_mla(const AttentionParams& p, unsigned char* sme
   T* p0buf = kbuf + 8 * KT * 64;       // buffer 0's RoPE block: consumer 0's weights
   uint64_t* ready = reinterpret_cast<uint64_t*>(p1buf + Tile::kP);  // [buffer][half]
   uint64_t* free_bar = ready + 4;                                   // [buffer][half]
-  float* xm = reinterpret_cast<float*>(free_bar + 4);               // [64] shared maximum
+  uint64_t* max_bar = free_bar + 4;  // [consumer]: its maximum is posted in xm
+  float* xm = reinterpret_cast<float*>(max_bar + 2);                // [64] shared maximum
   float* xl = xm + Tile::BM;                                        // [2][64] row sums
 
   AttnBlock w;
@@ -212,6 +241,8 @@ __device__ void attention_block_mla(const AttentionParams& p, unsigned char* sme
       mbar_init(ready + i, 128);  // each producer thread's copies
       mbar_init(free_bar + i, 4);  // each warp of the warpgroup that reads the half last
     }
+    mbar_init(max_bar, 128);  // every thread of the consumer
+    mbar_init(max_bar + 1, 128);
   }
   load_q_swizzled<T, Tile::D, Tile::BM, Tile::kThreads>(p, w, qs);
   fence_async_shared();  // Q's stores to the tensor cores
@@ -226,7 +257,7 @@ __device__ void attention_block_mla(const AttentionParams& p, unsigned char* sme
   const int cw = wg - 1, warp = (tid % 128) / 32, lane = tid % 32;
   const int gr = lane >> 2, gc = lane & 3, r = warp * 16 + gr;
   const int* bits_of[2];
-  const RowsOut out = rows_out(p, w, r, bits_of);
+  rows_out(p, w, r, bits_of);  // the rows' ancestor bits; where they go, at the end
   const uint64_t q_desc = smem_desc(qs, 16, 1024);
   const uint64_t k0_desc = smem_desc(kbuf, 16, 1024);
   const uint64_t k1_desc = smem_desc(kbuf + Tile::kK, 16, 1024);
@@ -268,11 +299,11 @@ __device__ void attention_block_mla(const AttentionParams& p, unsigned char* sme
       const float m_own[2] = {sm.m[0], sm.m[1]};
       mla_softmax(sm, s, tile_max, m_own, acc);
       mla_post_max(xm, r, gc, sm.m);
-      bar_arrive(kM0);
+      mbar_arrive(max_bar);
       RowSoftmax::pack<T>(s, pa);
       pv_issue<kHalf, 256>(&acc[0][0], pa, v0_desc);
       // Consumer 1 has moved the maximum for the odd tile: P0 rescaled to it, for consumer 1.
-      bar_sync(kM1);
+      mbar_wait(max_bar + 1, round & 1);
       mla_read_max(xm, r, m_ref);
       float to_m1[2];
 #pragma unroll
@@ -284,11 +315,7 @@ __device__ void attention_block_mla(const AttentionParams& p, unsigned char* sme
       fence_all(acc);
       fence_all(pa);
       release(0, 0);  // buffer 0's left half: S and this P V have read it
-      RowSoftmax::rescale(acc, to_m1);
-      sm.l[0] *= to_m1[0];
-      sm.l[1] *= to_m1[1];
-      sm.m[0] = m_ref[0];
-      sm.m[1] = m_ref[1];
+      mla_move_max(sm, m_ref, acc);
       // O_L += P1 V1L from shared memory, then the next even tile's S behind it.
       bar_sync(kP1);
       mla_pv_shared<kHalf>(acc, p1_desc, v1_desc);
@@ -319,11 +346,11 @@ __device__ void attention_block_mla(const AttentionParams& p, unsigned char* sme
       wgmma::wait<0>();
       fence_all(s);
       score_tile(p, s, kt + KT, w.k_end, w.prefix, bits_of, gc, tile_max);
-      bar_sync(kM0);
+      mbar_wait(max_bar, round & 1);
       mla_read_max(xm, r, m_ref);
       mla_softmax(sm, s, tile_max, m_ref, acc);
       mla_post_max(xm, r, gc, sm.m);
-      bar_arrive(kM1);
+      mbar_arrive(max_bar + 1);
       RowSoftmax::pack<T>(s, pa);
       pv_issue<kHalf, 256>(&acc[0][0], pa, v1_desc);
       const float one[2] = {1.0f, 1.0f};
@@ -343,13 +370,13 @@ __device__ void attention_block_mla(const AttentionParams& p, unsigned char* sme
   // Each consumer summed its own tiles' weights (both scaled to the final maximum).
   sm.finish();
   if (gc == 0) {
-    xl[cw * 64 + r] = sm.l[0];
-    xl[cw * 64 + r + 8] = sm.l[1];
+    st_shared_f32(xl + cw * 64 + r, sm.l[0]);
+    st_shared_f32(xl + cw * 64 + r + 8, sm.l[1]);
   }
   bar_sync(kSums);
-  sm.l[0] += xl[(1 - cw) * 64 + r];
-  sm.l[1] += xl[(1 - cw) * 64 + r + 8];
-  write_rows<T>(p, out, acc, sm, cw * 256, gc);
+  sm.l[0] += ld_shared_f32(xl + (1 - cw) * 64 + r);
+  sm.l[1] += ld_shared_f32(xl + (1 - cw) * 64 + r + 8);
+  write_rows<T>(p, rows_out(p, w, r, bits_of), acc, sm, cw * 256, gc);
 }
 
 }  // namespace ddtree
