@@ -94,16 +94,16 @@ const fn variant(name: &'static str, d: usize, dvc: usize, warps: usize, kt: usi
     }
 }
 
-/// A Hopper tile: `rg` warpgroups over the rows (64 each), `cg` over the value columns
-/// (`dvw` each), 64 keys per tile, two stages.
-const fn hopper(name: &'static str, d: usize, dvw: usize, rg: usize, cg: usize) -> Variant {
+/// A Hopper tile: `rg` warpgroups over the rows (64 each), each over all `dvw` value
+/// columns, 64 keys per tile, two stages.
+const fn hopper(name: &'static str, d: usize, dvw: usize, rg: usize) -> Variant {
     Variant {
         name,
         d,
         dvc: dvw,
-        warps: 4 * rg * cg,
+        warps: 4 * rg,
         kt: 64,
-        col_warps: cg,
+        col_warps: 1,
         v_in_k: false,
         stages: 2,
         hopper: true,
@@ -165,7 +165,7 @@ pub const VARIANTS: [Variant; 5] = [
 pub const HOPPER_VARIANTS: [Variant; 4] = [
     hopper_ws("d64", 64, 128, 4),
     hopper_ws("d128", 128, 128, 3),
-    hopper("d256", 256, 256, 2, 1),
+    hopper("d256", 256, 256, 2),
     hopper_mla(),
 ];
 /// Most dynamic shared memory a Hopper block may have (227 KB).
@@ -203,21 +203,15 @@ impl Variant {
             return elem * halves + 16 * self.stages + 8 * self.kt + 1024;
         }
         if self.hopper {
-            // Unpadded swizzled buffers (`HopperTile::kSmem`), with a key split's P block and
-            // exchanged fp32 rows, two tiles' 8-byte page ids, and 1 KB for the alignment.
-            let v = if self.v_in_k { 0 } else { self.block_cols() };
-            let (p, x) = if self.col_warps == 2 {
-                (64 * self.kt, 4 * 2 * 64)
-            } else {
-                (0, 0)
-            };
-            let halves = self.rows() * self.d + self.stages * self.kt * (self.d + v) + p;
+            // Unpadded swizzled buffers (`HopperTile::kSmem`), two tiles' 8-byte page ids, and
+            // 1 KB for the alignment.
+            let halves = self.rows() * self.d + self.stages * self.kt * (self.d + self.dvc);
             let ids = if self.stages_page_ids() {
                 8 * 2 * self.kt
             } else {
                 0
             };
-            return elem * halves + x + ids + 1024;
+            return elem * halves + ids + 1024;
         }
         let qs = self.d + PAD;
         let vs = if self.v_in_k {
@@ -233,9 +227,9 @@ impl Variant {
         };
         elem * (self.rows() * qs + self.stages * self.kt * (qs + vs)) + 4 * sums
     }
-    /// A Hopper tile of which an SM holds one block (MINB 1 in attention_sm90a.cu: d256 and
-    /// MLA) stages each tile's page ids in shared memory a tile ahead; with two blocks per
-    /// SM the other block hides the page-table read.
+    /// A two-warpgroup Hopper tile of which an SM holds one block (MINB 1 in
+    /// attention_sm90a.cu: d256) stages each tile's page ids in shared memory a tile ahead;
+    /// with two blocks per SM the other block hides the page-table read.
     pub fn stages_page_ids(&self) -> bool {
         self.hopper && !self.producer && self.d >= 256
     }
@@ -518,14 +512,12 @@ mod tests {
             assert_eq!((v.warps, v.col_warps, v.v_in_k), (12, 1, false), "WsTile");
         }
         for v in HOPPER_VARIANTS.iter().filter(|v| !v.producer) {
-            let (rg, cg) = (v.warps / 4 / v.col_warps, v.col_warps);
+            let rg = v.warps / 4;
             let minb = if v.stages_page_ids() { 1 } else { 2 };
-            let line = format!(
-                "({}, {}, {}, {rg}, {cg}, {}, {minb})",
-                v.name, v.d, v.dvc, v.v_in_k
-            );
+            let line = format!("({}, {}, {}, {rg}, {minb})", v.name, v.d, v.dvc);
             assert!(entry.contains(&line), "attention_sm90a.cu lacks {line}");
             assert_eq!((v.kt, v.stages), (64, 2), "HopperTile's KT and ST");
+            assert_eq!((v.col_warps, v.v_in_k), (1, false), "HopperTile");
         }
         let mla = HOPPER_VARIANTS[3];
         assert!(mla.producer && mla.v_in_k);

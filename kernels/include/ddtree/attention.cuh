@@ -269,8 +269,9 @@ __device__ __forceinline__ bool attn_block(const AttentionParams& p, int bm, int
 // Scores of one tile of NT * 8 keys starting at key kt, in the m16n8 accumulator layout
 // (this thread's rows 0 and 1 of its fragment; key n * 8 + 2 * gc + (e & 1)): scaled to base
 // 2, keys past the split and tree nodes that are no ancestor of the row set to -inf, and
-// each row's maximum over its four lanes.
-template <int NT>
+// each row's maximum over its four lanes. !kScale: the scores stay unscaled (the caller
+// folds the scale into its exponentials), as does the maximum.
+template <int NT, bool kScale = true>
 __device__ __forceinline__ void score_tile(const AttentionParams& p, float (&s)[NT][4],
                                            long long kt, long long k_end, long long prefix,
                                            const int* const (&bits_of)[2], int gc,
@@ -282,7 +283,7 @@ __device__ __forceinline__ void score_tile(const AttentionParams& p, float (&s)[
     for (int n = 0; n < NT; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        s[n][e] *= p.sm_scale_log2;
+        if constexpr (kScale) s[n][e] *= p.sm_scale_log2;
         tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[n][e]);
       }
   } else {
@@ -299,7 +300,7 @@ __device__ __forceinline__ void score_tile(const AttentionParams& p, float (&s)[
           const int j = node0 + key;
           ok = (bits_of[h][j >> 5] >> (j & 31)) & 1;
         }
-        s[n][e] = ok ? s[n][e] * p.sm_scale_log2 : -INFINITY;
+        s[n][e] = ok ? (kScale ? s[n][e] * p.sm_scale_log2 : s[n][e]) : -INFINITY;
         tile_max[h] = fmaxf(tile_max[h], s[n][e]);
       }
     }

@@ -2,16 +2,13 @@
 // attention.cuh's attention_block, with warpgroup MMA (wgmma) in place of mma.sync and the
 // 227 KB of shared memory an H100/H200 block may have.
 //
-// A block has RG * CG warpgroups of 128 threads. Warpgroup (rg, cg) owns 64 query rows
-// (rows 64 * rg ..) and DVW value columns (columns DVW * cg ..). Per tile of KT = 64 keys it
-// computes S = Q K^T for its rows with Q and K both read from shared memory by the tensor
-// cores (no ldmatrix, no register copy of Q), runs the online softmax in registers
-// (RowSoftmax, the same as the portable kernel), and adds O += P V with P from registers and
-// V from shared memory. When CG = 2 (MLA: 512 value columns do not fit one warpgroup's
-// registers) the two warpgroups of the 64 rows split the tile's keys instead: each computes
-// S for 32 keys, they swap their row maxima through shared memory, and each writes its half
-// of P there, so that both read the whole P (64 x 64, one swizzled block) for O += P V from
-// shared memory. Their running maxima stay equal; their row sums are added at the end.
+// A block has RG warpgroups of 128 threads. Warpgroup rg owns 64 query rows (rows 64 * rg
+// ..) and all DVW value columns. Per tile of KT = 64 keys it computes S = Q K^T for its rows
+// with Q and K both read from shared memory by the tensor cores (no ldmatrix, no register
+// copy of Q), runs the online softmax in registers (RowSoftmax, the same as the portable
+// kernel), and adds O += P V with P from registers and V from shared memory. It serves head
+// dim 256; 64 and 128 take the warp-specialized kernel (attention_hopper_ws.cuh), MLA the
+// seesaw one (attention_hopper_mla.cuh).
 //
 // Shared memory holds Q, K and V in the tensor cores' 128-byte swizzled layout: a matrix is
 // stored as column blocks of 64 elements (128 bytes), each block rows x 128 bytes, and the
@@ -24,26 +21,21 @@
 
 namespace ddtree {
 
-template <int D, int DVW, int RG, int CG, bool VK, bool SI, int ST = 2>
+template <int D, int DVW, int RG, bool SI, int ST = 2>
 struct HopperTile {
   static constexpr int KT = 64;                // keys per tile (the N of the S product)
   static constexpr int BM = 64 * RG;           // query rows per block
-  static constexpr int DVB = DVW * CG;         // value columns per block
-  static constexpr int kThreads = 128 * RG * CG;
+  static constexpr int kThreads = 128 * RG;
   static constexpr int kStages = ST;
   static constexpr size_t kQ = static_cast<size_t>(BM) * D;   // elements of each buffer
   static constexpr size_t kK = static_cast<size_t>(KT) * D;
-  static constexpr size_t kV = VK ? 0 : static_cast<size_t>(KT) * DVB;
-  // CG = 2: P (64 x KT) and the exchanged row maxima or sums (fp32 [2][64]).
-  static constexpr size_t kP = CG == 2 ? static_cast<size_t>(64) * KT : 0;
-  static constexpr size_t kX = CG == 2 ? 2 * 64 : 0;
+  static constexpr size_t kV = static_cast<size_t>(KT) * DVW;
   // SI: the page-table entries of the next two tiles (8 bytes each; int32 ids use the low 4).
   static constexpr size_t kIdx = SI ? 2 * KT : 0;
-  // 16-bit elements, the exchange and the entries, plus 1 KB to align the buffers to the
-  // swizzle's 1024-byte period.
-  static constexpr size_t kSmem = 2 * (kQ + ST * (kK + kV) + kP) + 4 * kX + 8 * kIdx + 1024;
+  // 16-bit elements and the entries, plus 1 KB to align the buffers to the swizzle's
+  // 1024-byte period.
+  static constexpr size_t kSmem = 2 * (kQ + ST * (kK + kV)) + 8 * kIdx + 1024;
   static_assert(ST == 2, "the page-table entries are staged for exactly the next tile");
-  static_assert(CG == 1 || (CG == 2 && RG == 1), "a key split pairs the two warpgroups");
   static_assert(D % 64 == 0 && DVW % 64 == 0, "whole 128-byte column blocks");
   static_assert(kSmem <= 227 * 1024, "a Hopper block has at most 227 KB of shared memory");
 };
@@ -104,20 +96,6 @@ __device__ __forceinline__ void qk_wait(float* s) {
   for (int i = 0; i < NS * 4; ++i) wgmma::fence_operand(s[i]);
 }
 
-// This thread's two rows' values (rows r and r + 8 of the warpgroup's 64) that the partner
-// warpgroup of a key split needs: posted to x[cg][.], one block barrier, then the partner's
-// two are returned in v. The next post comes at least one block barrier after the partner
-// has read these.
-__device__ __forceinline__ void swap_rows(float* x, int cg, int r, int gc, float (&v)[2]) {
-  if (gc == 0) {
-    x[cg * 64 + r] = v[0];
-    x[cg * 64 + r + 8] = v[1];
-  }
-  __syncthreads();
-  v[0] = x[(1 - cg) * 64 + r];
-  v[1] = x[(1 - cg) * 64 + r + 8];
-}
-
 // wgmma::fence_operand on each element of a register array.
 template <typename R, int N, int M>
 __device__ __forceinline__ void fence_all(R (&r)[N][M]) {
@@ -155,33 +133,31 @@ __device__ __forceinline__ void load_q_swizzled(const AttentionParams& p, const 
   }
 }
 
-template <typename T, int D, int DVW, int RG, int CG, bool VK, bool SI, int ST = 2>
+template <typename T, int D, int DVW, int RG, bool SI, int ST = 2>
 __device__ void attention_block_hopper(const AttentionParams& p, unsigned char* smem_raw) {
-  using Tile = HopperTile<D, DVW, RG, CG, VK, SI, ST>;
+  using Tile = HopperTile<D, DVW, RG, SI, ST>;
   constexpr bool kHalf = std::is_same<T, __half>::value;
-  constexpr int KT = Tile::KT, BM = Tile::BM, DVB = Tile::DVB, NT = KT / 8, VT = DVW / 8;
-  constexpr int KC = D / 8, VC = VK ? 0 : DVB / 8;  // 16-byte chunks of a K row, a V row
+  constexpr int KT = Tile::KT, BM = Tile::BM, NT = KT / 8, VT = DVW / 8;
+  constexpr int KC = D / 8, VC = DVW / 8;  // 16-byte chunks of a K row, a V row
   const uintptr_t base = (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023);
   T* qs = reinterpret_cast<T*>(base);
   T* kbuf = qs + Tile::kQ;         // [ST][D / 64][KT][64]
-  T* vbuf = kbuf + ST * Tile::kK;  // [ST][DVB / 64][KT][64] (unused with VK)
-  T* pbuf = vbuf + ST * Tile::kV;  // [64][KT] (CG = 2)
-  float* xrow = reinterpret_cast<float*>(pbuf + Tile::kP);  // [2][64] (CG = 2)
-  long long* idx = reinterpret_cast<long long*>(xrow + Tile::kX);  // [2][KT] page ids
+  T* vbuf = kbuf + ST * Tile::kK;  // [ST][DVW / 64][KT][64]
+  long long* idx = reinterpret_cast<long long*>(vbuf + ST * Tile::kV);  // [2][KT] page ids
 
   AttnBlock w;
-  if (!attn_block(p, BM, DVB, w)) return;
+  if (!attn_block(p, BM, DVW, w)) return;
   const int b = w.b, g = w.g, col0 = w.col0, dv_here = w.dv_here;
   const long long prefix = w.prefix, k_begin = w.k_begin, k_end = w.k_end, start = w.start;
-  const int tid = threadIdx.x, wg = tid / 128, rg = wg % RG, cg = wg / RG;
+  const int tid = threadIdx.x, rg = tid / 128;
   const int warp = (tid % 128) / 32, lane = tid % 32;
   const int gr = lane >> 2, gc = lane & 3;
 
   // SI: the page-table entries a tile's prefix keys use (entries kt >> shift ..), copied
   // into idx[ib] by cp.async a tile before the tile's rows are gathered, so that a thread
   // reads its key's page id from shared memory, not from global memory on the tile's path.
-  // That pays where an SM holds one block (MLA); with two, the other block hides the read
-  // and staging measured slower (BENCHMARKS.md).
+  // That pays where an SM holds one block (head dim 256; it paid for session 8's MLA tile);
+  // with two, the other block hides the read and staging measured slower (BENCHMARKS.md).
   auto stage_pages = [&](long long kt, int ib) {
     if constexpr (!SI) return;
     const long long last = min(k_end, prefix) - 1;  // the tile's last prefix key, if any
@@ -251,10 +227,8 @@ __device__ void attention_block_hopper(const AttentionParams& p, unsigned char* 
   // 1024 bytes apart, 64-column blocks KT * 128 apart.
   const uint64_t q_desc = smem_desc(qs + rg * 64 * 64, 16, 1024);
   const uint64_t k_desc = smem_desc(kbuf, 16, 1024);
-  const T* v_first = VK ? kbuf : vbuf;
-  const uint64_t v_desc = smem_desc(v_first + cg * (DVW / 64) * KT * 64, KT * 128, 1024);
-  constexpr uint32_t kStageK = Tile::kK * 2 / 16, kStageV = (VK ? Tile::kK : Tile::kV) * 2 / 16;
-  const uint64_t p_desc = smem_desc(pbuf, 16, 1024);  // P of a key split: K-major, 64 rows
+  const uint64_t v_desc = smem_desc(vbuf, KT * 128, 1024);
+  constexpr uint32_t kStageK = Tile::kK * 2 / 16, kStageV = Tile::kV * 2 / 16;
 
   RowSoftmax sm;
   float acc[VT][4];
@@ -266,13 +240,11 @@ __device__ void attention_block_hopper(const AttentionParams& p, unsigned char* 
     cp_async_wait<ST - 2>();
     fence_async_shared();  // this thread's copies (and Q's stores) to the tensor cores
     __syncthreads();
-    // S = Q K^T for this warpgroup's keys of the tile: all KT, or half with a key split.
-    // While the tensor cores compute it, this thread issues its share of the next tile's
-    // gather (a page-table read and cp.async copies).
-    constexpr int NS = NT / CG;
-    float s[NS][4];
-    const uint64_t k_half = k_desc + st * kStageK + (cg * NS * 8 * 128 >> 4);
-    qk_issue<kHalf, D, NS, BM, KT>(&s[0][0], q_desc, CG == 2 ? k_half : k_desc + st * kStageK);
+    // S = Q K^T for this warpgroup's rows and the tile's KT keys. While the tensor cores
+    // compute it, this thread issues its share of the next tile's gather (a page-table read
+    // and cp.async copies).
+    float s[NT][4];
+    qk_issue<kHalf, D, NT, BM, KT>(&s[0][0], q_desc, k_desc + st * kStageK);
     {
       // Tile t + 1 into the stage tile t - 1 used, with its page ids (staged last tile,
       // idx[1 - st] now that st counts tiles mod 2), and tile t + 2's page ids.
@@ -281,51 +253,19 @@ __device__ void attention_block_hopper(const AttentionParams& p, unsigned char* 
       stage_pages(ahead + KT, st);
       cp_async_commit();
     }
-    qk_wait<NS>(&s[0][0]);
+    qk_wait<NT>(&s[0][0]);
     float tile_max[2];
-    score_tile(p, s, kt + cg * NS * 8, k_end, prefix, bits_of, gc, tile_max);
-    if constexpr (CG == 2) {
-      float theirs[2] = {tile_max[0], tile_max[1]};
-      swap_rows(xrow, cg, warp * 16 + gr, gc, theirs);
-      tile_max[0] = fmaxf(tile_max[0], theirs[0]);
-      tile_max[1] = fmaxf(tile_max[1], theirs[1]);
-    }
-    uint32_t pa[NS][2];
+    score_tile(p, s, kt, k_end, prefix, bits_of, gc, tile_max);
+    uint32_t pa[NT][2];
     sm.update<T>(s, tile_max, acc, pa);
 
     // O += P V: KT / 16 steps of 16 keys (2048 bytes of the V block each).
-    const uint64_t v_st = v_desc + st * kStageV;
-    if constexpr (CG == 2) {
-      // Each warpgroup's half of P to its 32 columns of the shared P block, then O += P V
-      // with P read from there (K-major, like Q).
-#pragma unroll
-      for (int n = 0; n < NS; ++n)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = warp * 16 + gr + 8 * h;
-          *reinterpret_cast<uint32_t*>(pbuf + swizzled(r, cg * NS + n, 64) + 2 * gc) = pa[n][h];
-        }
-      fence_async_shared();
-      __syncthreads();
-      wgmma::fence();
-#pragma unroll
-      for (int kk = 0; kk < KT / 16; ++kk)
-        wgmma::sst_n256<kHalf>(&acc[0][0], p_desc + kk * 2, v_st + kk * (16 * 128 / 16), 1);
-      wgmma::commit();
-    } else {
-      pv_issue<kHalf, DVW>(&acc[0][0], pa, v_st);
-    }
+    pv_issue<kHalf, DVW>(&acc[0][0], pa, v_desc + st * kStageV);
     wgmma::wait<0>();  // the stage is free for the refill after the next barrier
     fence_all(acc);
   }
   sm.finish();
-  if constexpr (CG == 2) {  // each warpgroup summed its half of the keys
-    float theirs[2] = {sm.l[0], sm.l[1]};
-    swap_rows(xrow, cg, warp * 16 + gr, gc, theirs);
-    sm.l[0] += theirs[0];
-    sm.l[1] += theirs[1];
-  }
-  write_rows<T>(p, out, acc, sm, cg * DVW, gc);
+  write_rows<T>(p, out, acc, sm, 0, gc);
 }
 
 }  // namespace ddtree

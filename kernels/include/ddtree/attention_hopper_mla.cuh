@@ -136,18 +136,15 @@ __device__ __forceinline__ void mla_pv_shared(float (&acc)[32][4], uint64_t p_de
   wgmma::commit();
 }
 
-// The weights of this thread's two rows (rows r and r + 8 of the block; 8-key group n,
-// lane pair gc) into a 64 x 64 swizzled P block, each times scale[row].
+// The packed weights of this thread's two rows (rows r and r + 8 of the block; 8-key
+// group n, lane pair gc; RowSoftmax::pack's layout) into a 64 x 64 swizzled P block.
 template <typename T>
-__device__ __forceinline__ void mla_store_p(T* pbuf, const float (&s)[8][4], int r, int gc,
-                                            const float (&scale)[2]) {
+__device__ __forceinline__ void mla_store_p(T* pbuf, const uint32_t (&pa)[8][2], int r, int gc) {
 #pragma unroll
   for (int n = 0; n < 8; ++n)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const uint32_t v = MmaType<T>::pack(s[n][2 * h] * scale[h], s[n][2 * h + 1] * scale[h]);
-      *reinterpret_cast<uint32_t*>(pbuf + swizzled(r + 8 * h, n, 64) + 2 * gc) = v;
-    }
+    for (int h = 0; h < 2; ++h)
+      *reinterpret_cast<uint32_t*>(pbuf + swizzled(r + 8 * h, n, 64) + 2 * gc) = pa[n][h];
 }
 
 // Moves this thread's rows' maximum to m_new (never below it), scaling acc and l to it; a
@@ -174,12 +171,14 @@ __device__ __forceinline__ void mla_move_max(RowSoftmax& sm, const float (&m_new
 // follow; s becomes the weights exp2(s - m), which are added to l. A row with no key yet
 // keeps m = -inf and weights 0.
 __device__ __forceinline__ void mla_softmax(RowSoftmax& sm, float (&s)[8][4],
-                                            const float (&tile_max)[2], const float (&m_ref)[2],
-                                            float (&acc)[32][4]) {
+                                            const float (&raw_max)[2], const float (&m_ref)[2],
+                                            float scale, float (&acc)[32][4]) {
   float m_new[2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h)
-    m_new[h] = tile_max[h] > m_ref[h] + kLazyRescale ? tile_max[h] : m_ref[h];
+  for (int h = 0; h < 2; ++h) {
+    const float tile_max = raw_max[h] * scale;  // -inf stays -inf
+    m_new[h] = tile_max > m_ref[h] + kLazyRescale ? tile_max : m_ref[h];
+  }
   mla_move_max(sm, m_new, acc);
   const float base[2] = {m_new[0] == -INFINITY ? 0.0f : m_new[0],
                          m_new[1] == -INFINITY ? 0.0f : m_new[1]};
@@ -187,7 +186,7 @@ __device__ __forceinline__ void mla_softmax(RowSoftmax& sm, float (&s)[8][4],
   for (int n = 0; n < 8; ++n)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      s[n][i] = exp2_ftz(s[n][i] - base[i >> 1]);
+      s[n][i] = exp2_ftz(fmaf(s[n][i], scale, -base[i >> 1]));
       sm.l[i >> 1] += s[n][i];
     }
 }
@@ -295,9 +294,9 @@ __device__ void attention_block_mla(const AttentionParams& p, unsigned char* sme
     const long long kt = w.k_begin + 2ll * KT * round;
     if (cw == 0) {
       // The even tile: its maximum to consumer 1, O_L += P0 V0L from registers.
-      score_tile(p, s, kt, w.k_end, w.prefix, bits_of, gc, tile_max);
+      score_tile<8, false>(p, s, kt, w.k_end, w.prefix, bits_of, gc, tile_max);
       const float m_own[2] = {sm.m[0], sm.m[1]};
-      mla_softmax(sm, s, tile_max, m_own, acc);
+      mla_softmax(sm, s, tile_max, m_own, p.sm_scale_log2, acc);
       mla_post_max(xm, r, gc, sm.m);
       mbar_arrive(max_bar);
       RowSoftmax::pack<T>(s, pa);
@@ -305,10 +304,20 @@ __device__ void attention_block_mla(const AttentionParams& p, unsigned char* sme
       // Consumer 1 has moved the maximum for the odd tile: P0 rescaled to it, for consumer 1.
       mbar_wait(max_bar + 1, round & 1);
       mla_read_max(xm, r, m_ref);
-      float to_m1[2];
+      if (__any_sync(0xffffffffu, m_ref[0] != sm.m[0] || m_ref[1] != sm.m[1])) {
+        float to_m1[2];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) to_m1[h] = m_ref[h] == -INFINITY ? 1.0f : exp2f(sm.m[h] - m_ref[h]);
-      mla_store_p<T>(p0buf, s, r, gc, to_m1);
+        for (int h = 0; h < 2; ++h) to_m1[h] = m_ref[h] == -INFINITY ? 1.0f : exp2f(sm.m[h] - m_ref[h]);
+        uint32_t scaled[8][2];
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            scaled[n][h] = MmaType<T>::pack(s[n][2 * h] * to_m1[h], s[n][2 * h + 1] * to_m1[h]);
+        mla_store_p<T>(p0buf, scaled, r, gc);
+      } else {  // no row of the warp moved: P0 as packed for this consumer's own product
+        mla_store_p<T>(p0buf, pa, r, gc);
+      }
       fence_async_shared();
       bar_arrive(kP0);
       wgmma::wait<0>();
@@ -345,16 +354,15 @@ __device__ void attention_block_mla(const AttentionParams& p, unsigned char* sme
       wgmma::commit();
       wgmma::wait<0>();
       fence_all(s);
-      score_tile(p, s, kt + KT, w.k_end, w.prefix, bits_of, gc, tile_max);
+      score_tile<8, false>(p, s, kt + KT, w.k_end, w.prefix, bits_of, gc, tile_max);
       mbar_wait(max_bar, round & 1);
       mla_read_max(xm, r, m_ref);
-      mla_softmax(sm, s, tile_max, m_ref, acc);
+      mla_softmax(sm, s, tile_max, m_ref, p.sm_scale_log2, acc);
       mla_post_max(xm, r, gc, sm.m);
       mbar_arrive(max_bar + 1);
       RowSoftmax::pack<T>(s, pa);
       pv_issue<kHalf, 256>(&acc[0][0], pa, v1_desc);
-      const float one[2] = {1.0f, 1.0f};
-      mla_store_p<T>(p1buf, s, r, gc, one);
+      mla_store_p<T>(p1buf, pa, r, gc);
       bar_sync(kP0);
       mla_pv_shared<kHalf>(acc, p0_desc, v0_desc);
       fence_async_shared();  // P1's stores to consumer 0's products
