@@ -119,12 +119,12 @@ __device__ __forceinline__ void pv_issue(float* acc, const uint32_t (&pa)[NT][2]
 }
 
 // The block's BM query rows (rows w.row0 .. of M) into Q's swizzled buffer by kThreads
-// threads in 16-byte chunks, zero past M and past dqk.
+// threads (threads first .. of the block) in 16-byte chunks, zero past M and past dqk.
 template <typename T, int D, int BM, int kThreads>
 __device__ __forceinline__ void load_q_swizzled(const AttentionParams& p, const AttnBlock& w,
-                                                T* qs) {
+                                                T* qs, int first = 0) {
   constexpr int KC = D / 8;  // 16-byte chunks of a row
-  for (int i = threadIdx.x; i < BM * KC; i += kThreads) {
+  for (int i = threadIdx.x - first; i < BM * KC; i += kThreads) {
     const int r = i / KC, c = i % KC;
     const T* src = query_row<T>(p, w.b, w.g, w.row0 + r, w.group, w.m_rows);
     uint4 v = make_uint4(0, 0, 0, 0);

@@ -37,11 +37,12 @@ struct MlaTile {
   static_assert(kSmem <= 227 * 1024, "a Hopper block has at most 227 KB of shared memory");
 };
 
-// Named barriers between the two consumers (0 is __syncthreads): each is arrived on by one
-// and waited on by the other once a round, in an order that never lets one arrive twice.
-// The maximum, which the consumers read with ordinary loads, goes through mbarriers
-// instead: compute-sanitizer's racecheck does not see the ordering bar.arrive gives.
-enum MlaBarrier : int { kP0 = 1, kP1 = 2, kSums = 3 };
+// Named barriers between the two consumers (0 is __syncthreads). kP0 and kP1 hand over the
+// weights: each is arrived on by one and waited on by the other once a round, in an order
+// that never lets one arrive twice. kSums and kQ both wait on. The maximum, which the
+// consumers read with ordinary loads, goes through mbarriers instead: compute-sanitizer's
+// racecheck does not see the ordering bar.arrive gives.
+enum MlaBarrier : int { kP0 = 1, kP1 = 2, kSums = 3, kQ = 4 };
 __device__ __forceinline__ void bar_arrive(int id) {
   asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory");
 }
@@ -144,7 +145,8 @@ __device__ __forceinline__ void mla_store_p(T* pbuf, const uint32_t (&pa)[8][2],
   for (int n = 0; n < 8; ++n)
 #pragma unroll
     for (int h = 0; h < 2; ++h)
-      *reinterpret_cast<uint32_t*>(pbuf + swizzled(r + 8 * h, n, 64) + 2 * gc) = pa[n][h];
+      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(smem_addr(pbuf + swizzled(r + 8 * h, n, 64) + 2 * gc)),
+                   "r"(pa[n][h]));
 }
 
 // Moves this thread's rows' maximum to m_new (never below it), scaling acc and l to it; a
@@ -243,15 +245,17 @@ __device__ void attention_block_mla(const AttentionParams& p, unsigned char* sme
     mbar_init(max_bar, 128);  // every thread of the consumer
     mbar_init(max_bar + 1, 128);
   }
-  load_q_swizzled<T, Tile::D, Tile::BM, Tile::kThreads>(p, w, qs);
-  fence_async_shared();  // Q's stores to the tensor cores
-  __syncthreads();       // ...and the barriers' initialisation to every thread
+  __syncthreads();  // the barriers' initialisation to every thread
   if (wg == 0) {
     regs_down<Tile::kProducerRegs>();
     mla_produce<T>(p, w, kbuf, ready, free_bar, rounds);
     return;
   }
   regs_up<Tile::kConsumerRegs>();
+  // Q by the consumers, while the producer gathers the first tiles.
+  load_q_swizzled<T, Tile::D, Tile::BM, 256>(p, w, qs, 128);
+  fence_async_shared();  // Q's stores to the tensor cores
+  bar_sync(kQ);
 
   const int cw = wg - 1, warp = (tid % 128) / 32, lane = tid % 32;
   const int gr = lane >> 2, gc = lane & 3, r = warp * 16 + gr;
