@@ -1,6 +1,7 @@
 // Tree verify attention on Hopper for MLA's absorbed form (head dim 576, values the first 512
-// columns of the keys): the same blocks, splits and results as attention_block_hopper's
-// d576vk tile, scheduled as FlashMLA's "seesaw" so that the tensor cores rarely wait.
+// columns of the keys): the same blocks, splits and results as the portable kernel's d576vk
+// tile (attention.cuh), scheduled as FlashMLA's "seesaw" so that the tensor cores rarely
+// wait.
 //
 // A block holds 64 query rows, whose 64 x 512 fp32 output is half the register file, so it
 // cannot be doubled for FlashAttention-3's ping-pong. Instead the two consumer warpgroups
@@ -39,7 +40,7 @@ struct MlaTile {
 
 // Named barriers between the two consumers (0 is __syncthreads). kP0 and kP1 hand over the
 // weights: each is arrived on by one and waited on by the other once a round, in an order
-// that never lets one arrive twice. kSums and kQ both wait on. The maximum, which the
+// that never lets one arrive twice. Both consumers wait on kSums and kQ. The maximum, which the
 // consumers read with ordinary loads, goes through mbarriers instead: compute-sanitizer's
 // racecheck does not see the ordering bar.arrive gives.
 enum MlaBarrier : int { kP0 = 1, kP1 = 2, kSums = 3, kQ = 4 };
@@ -86,8 +87,8 @@ __device__ __forceinline__ void mla_produce(const AttentionParams& p, const Attn
 #pragma unroll
       for (int cb = 0; cb < KB; ++cb)
         if (cb >= cb0 && cb < cb1)
-          cp_async16(dst + j * KPP * 64 + cb * KT * 64, rows[j] != nullptr ? rows[j] + cb * 64 : pool,
-                     rows[j] != nullptr && has[cb]);
+          cp_async16(dst + j * KPP * 64 + cb * KT * 64,
+                     rows[j] != nullptr ? rows[j] + cb * 64 : pool, rows[j] != nullptr && has[cb]);
   };
   // Half h of buffer `buf` (h 0: blocks 0 .. kLeft, 1: the rest), once freed in round r - 1.
   auto load = [&](const T* const (&rows)[NP], int r, int buf, int h) {
@@ -145,8 +146,8 @@ __device__ __forceinline__ void mla_store_p(T* pbuf, const uint32_t (&pa)[8][2],
   for (int n = 0; n < 8; ++n)
 #pragma unroll
     for (int h = 0; h < 2; ++h)
-      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(smem_addr(pbuf + swizzled(r + 8 * h, n, 64) + 2 * gc)),
-                   "r"(pa[n][h]));
+      asm volatile("st.shared.u32 [%0], %1;\n"
+                   ::"r"(smem_addr(pbuf + swizzled(r + 8 * h, n, 64) + 2 * gc)), "r"(pa[n][h]));
 }
 
 // Moves this thread's rows' maximum to m_new (never below it), scaling acc and l to it; a
@@ -166,12 +167,14 @@ __device__ __forceinline__ void mla_move_max(RowSoftmax& sm, const float (&m_new
   sm.m[1] = m_new[1];
 }
 
-// The online softmax step of a consumer's tile: the maximum moves from m (the scale of acc
-// and l) to m_ref, or to the tile's maximum where that passes m_ref by more than
-// kLazyRescale (as RowSoftmax: weights stay under 2^kLazyRescale, and most tiles move no
-// row's maximum, so that a warp skips the rescale of its 128 accumulators); acc and l
-// follow; s becomes the weights exp2(s - m), which are added to l. A row with no key yet
-// keeps m = -inf and weights 0.
+// The online softmax step of a consumer's tile, whose scores s and maxima raw_max are still
+// unscaled (score_tile<8, false>; `scale` takes them to base 2 inside the exponentials, one
+// FFMA a weight): the maximum moves from m (the scale of acc and l) to m_ref, or to the
+// tile's maximum where that passes m_ref by more than kLazyRescale (as RowSoftmax: weights
+// stay under 2^kLazyRescale, and most tiles move no row's maximum, so that a warp skips the
+// rescale of its 128 accumulators); acc and l follow; s becomes the weights
+// exp2(s * scale - m), which are added to l. A row with no key yet keeps m = -inf and
+// weights 0.
 __device__ __forceinline__ void mla_softmax(RowSoftmax& sm, float (&s)[8][4],
                                             const float (&raw_max)[2], const float (&m_ref)[2],
                                             float scale, float (&acc)[32][4]) {
@@ -234,7 +237,8 @@ __device__ void attention_block_mla(const AttentionParams& p, unsigned char* sme
 
   AttnBlock w;
   if (!attn_block(p, Tile::BM, Tile::DV, w)) return;
-  const int tiles = w.k_end > w.k_begin ? static_cast<int>((w.k_end - w.k_begin + KT - 1) / KT) : 0;
+  const int tiles =
+      w.k_end > w.k_begin ? static_cast<int>((w.k_end - w.k_begin + KT - 1) / KT) : 0;
   const int rounds = (tiles + 1) / 2;  // an odd last tile pairs with one past the split
   const int tid = threadIdx.x, wg = tid / 128;
   if (tid == 0) {
@@ -311,7 +315,8 @@ __device__ void attention_block_mla(const AttentionParams& p, unsigned char* sme
       if (__any_sync(0xffffffffu, m_ref[0] != sm.m[0] || m_ref[1] != sm.m[1])) {
         float to_m1[2];
 #pragma unroll
-        for (int h = 0; h < 2; ++h) to_m1[h] = m_ref[h] == -INFINITY ? 1.0f : exp2f(sm.m[h] - m_ref[h]);
+        for (int h = 0; h < 2; ++h)
+          to_m1[h] = m_ref[h] == -INFINITY ? 1.0f : exp2f(sm.m[h] - m_ref[h]);
         uint32_t scaled[8][2];
 #pragma unroll
         for (int n = 0; n < 8; ++n)
