@@ -63,8 +63,9 @@ pub struct AttentionParams {
 /// A `hopper` tile is `DDTREE_ATTENTION_HOPPER` in attention_sm90a.cu (kernel
 /// `ddtree_attention_sm90a_{dtype}_{name}`): its warps come in warpgroups of four, `dvc` is a
 /// warpgroup's value columns and `col_warps / 4` the warpgroups side by side over them. A
-/// `producer` tile (`DDTREE_ATTENTION_HOPPER_WS`, `WsTile`) adds a warpgroup that only
-/// gathers the K/V tiles; the others compute.
+/// `producer` tile (`DDTREE_ATTENTION_HOPPER_WS`, `WsTile`; with `v_in_k`, MLA's
+/// `DDTREE_ATTENTION_HOPPER_MLA`, `MlaTile`) adds a warpgroup that only gathers the K/V tiles;
+/// the others compute.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Variant {
     pub name: &'static str,
