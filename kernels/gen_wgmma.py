@@ -95,7 +95,7 @@ __device__ __forceinline__ void fence_operand(uint32_t& r) {
 
 
 def main() -> None:
-    parts = [HEADER, ss(32), ss(64), ss(128), ss(256, trans_b=1)]
+    parts = [HEADER, ss(64), ss(128), ss(256, trans_b=1)]
     parts += [rs(n) for n in (64, 128, 256)]
     out = Path(__file__).parent / "include" / "ddtree" / "wgmma.cuh"
     out.write_text("\n\n".join(parts) + "\n" + FOOTER)

@@ -70,23 +70,29 @@ __device__ __forceinline__ void pv_step(float* acc, const uint32_t* a, uint64_t 
     wgmma::rs_n256<kHalf>(acc, a, v, 1);
 }
 
-// S = Q K^T over the head dim for NS * 8 keys: D / 16 steps; step kk reads bytes
-// 32 * (kk % 4) of column block kk / 4 of Q (BM rows) and of K (KT rows). Issued and
-// committed here; qk_wait waits for it, so that other work runs while the tensor cores do.
-template <bool kHalf, int D, int NS, int BM, int KT>
-__device__ __forceinline__ void qk_issue(float* s, uint64_t q_desc, uint64_t k_desc) {
+// S = Q K^T for NS * 8 keys over column blocks [B0, B1) of the head dim, four k16 steps a
+// block: step kk reads bytes 32 * (kk % 4) of column block kk / 4 of Q (BM rows) and of K
+// (KT rows). kFirst: the first step overwrites s. Issued, not committed.
+template <bool kHalf, int NS, int BM, int KT, int B0, int B1, bool kFirst>
+__device__ __forceinline__ void qk_blocks(float* s, uint64_t q_desc, uint64_t k_desc) {
+  static_assert(NS == 8 || NS == 16, "one m64n64 or m64n128 product per k step");
   wgmma::fence();
 #pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
+  for (int kk = 4 * B0; kk < 4 * B1; ++kk) {
     const uint32_t q_at = ((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4;
     const uint32_t k_at = ((kk >> 2) * KT * 128 + (kk & 3) * 32) >> 4;
+    const int scale_d = kFirst && kk == 4 * B0 ? 0 : 1;
     if constexpr (NS == 16)
-      wgmma::ss_n128<kHalf>(s, q_desc + q_at, k_desc + k_at, kk > 0);
-    else if constexpr (NS == 8)
-      wgmma::ss_n64<kHalf>(s, q_desc + q_at, k_desc + k_at, kk > 0);
+      wgmma::ss_n128<kHalf>(s, q_desc + q_at, k_desc + k_at, scale_d);
     else
-      wgmma::ss_n32<kHalf>(s, q_desc + q_at, k_desc + k_at, kk > 0);
+      wgmma::ss_n64<kHalf>(s, q_desc + q_at, k_desc + k_at, scale_d);
   }
+}
+// The same over the whole head dim, committed here; qk_wait waits for it, so that other
+// work runs while the tensor cores do.
+template <bool kHalf, int D, int NS, int BM, int KT>
+__device__ __forceinline__ void qk_issue(float* s, uint64_t q_desc, uint64_t k_desc) {
+  qk_blocks<kHalf, NS, BM, KT, 0, D / 64, true>(s, q_desc, k_desc);
   wgmma::commit();
 }
 template <int NS>

@@ -115,18 +115,6 @@ __device__ __forceinline__ void mla_produce(const AttentionParams& p, const Attn
   cp_async_wait<0>();  // nothing of this thread's in flight when it exits
 }
 
-// S = Q K^T over column blocks [B0, B1) (four k16 steps each) of Q and of a tile: K-major
-// descriptors, 64 rows each, a block 64 * 128 bytes on. kFirst: the first step overwrites.
-template <bool kHalf, int B0, int B1, bool kFirst>
-__device__ __forceinline__ void mla_qk(float (&s)[8][4], uint64_t q_desc, uint64_t k_desc) {
-  wgmma::fence();
-#pragma unroll
-  for (int kk = 4 * B0; kk < 4 * B1; ++kk) {
-    const uint32_t at = ((kk >> 2) * 64 * 128 + (kk & 3) * 32) >> 4;
-    wgmma::ss_n64<kHalf>(&s[0][0], q_desc + at, k_desc + at, kFirst && kk == 4 * B0 ? 0 : 1);
-  }
-}
-
 // O += P V with P (64 x 64, K-major) and V (256 columns, read MN-major) from shared memory.
 template <bool kHalf>
 __device__ __forceinline__ void mla_pv_shared(float (&acc)[32][4], uint64_t p_desc,
@@ -291,9 +279,9 @@ __device__ void attention_block_mla(const AttentionParams& p, unsigned char* sme
   float tile_max[2], m_ref[2];
   if (cw == 0 && rounds > 0) {  // S of the first even tile, left half first as it loads
     acquire(0, 0, 0);
-    mla_qk<kHalf, 0, Tile::kLeft, true>(s, q_desc, k0_desc);
+    qk_blocks<kHalf, 8, 64, KT, 0, Tile::kLeft, true>(&s[0][0], q_desc, k0_desc);
     acquire(0, 1, 0);
-    mla_qk<kHalf, Tile::kLeft, Tile::kBlocks, false>(s, q_desc, k0_desc);
+    qk_blocks<kHalf, 8, 64, KT, Tile::kLeft, Tile::kBlocks, false>(&s[0][0], q_desc, k0_desc);
     wgmma::commit();
     wgmma::wait<0>();
     fence_all(s);
@@ -339,12 +327,12 @@ __device__ void attention_block_mla(const AttentionParams& p, unsigned char* sme
       mla_pv_shared<kHalf>(acc, p1_desc, v1_desc);
       if (round + 1 < rounds) {
         acquire(0, 0, round + 1);
-        mla_qk<kHalf, 0, Tile::kLeft, true>(s, q_desc, k0_desc);
+        qk_blocks<kHalf, 8, 64, KT, 0, Tile::kLeft, true>(&s[0][0], q_desc, k0_desc);
         wgmma::commit();
         wgmma::wait<1>();
         release(1, 0);  // buffer 1's left half: consumer 1's S and this P V have read it
         acquire(0, 1, round + 1);
-        mla_qk<kHalf, Tile::kLeft, Tile::kBlocks, false>(s, q_desc, k0_desc);
+        qk_blocks<kHalf, 8, 64, KT, Tile::kLeft, Tile::kBlocks, false>(&s[0][0], q_desc, k0_desc);
         wgmma::commit();
         wgmma::wait<0>();
         fence_all(s);
@@ -357,9 +345,9 @@ __device__ void attention_block_mla(const AttentionParams& p, unsigned char* sme
       // The odd tile: S (right half first, as it loads), the maximum moved past consumer
       // 0's, O_R += P1 V1R from registers and P0 V0R from shared memory.
       acquire(1, 1, round);
-      mla_qk<kHalf, Tile::kLeft, Tile::kBlocks, true>(s, q_desc, k1_desc);
+      qk_blocks<kHalf, 8, 64, KT, Tile::kLeft, Tile::kBlocks, true>(&s[0][0], q_desc, k1_desc);
       acquire(1, 0, round);
-      mla_qk<kHalf, 0, Tile::kLeft, false>(s, q_desc, k1_desc);
+      qk_blocks<kHalf, 8, 64, KT, 0, Tile::kLeft, false>(&s[0][0], q_desc, k1_desc);
       wgmma::commit();
       wgmma::wait<0>();
       fence_all(s);
