@@ -192,16 +192,16 @@ impl Variant {
     pub fn smem_bytes(&self, elem: usize) -> usize {
         if self.producer && self.v_in_k {
             // Q, the two tiles and a P block (`MlaTile::kSmem`); four ready, four free and two
-            // maximum mbarriers; the shared maximum and two row sums (fp32 rows of 64); 1 KB
-            // for the alignment.
+            // maximum mbarriers; the shared maximum and two row sums (fp32 rows of 64); a
+            // round's 4-byte pool slots; 1 KB for the alignment.
             let halves = self.rows() * self.d + self.stages * self.kt * self.d + 64 * self.kt;
-            return elem * halves + 10 * 8 + 4 * 3 * 64 + 1024;
+            return elem * halves + 10 * 8 + 4 * 3 * 64 + 4 * self.stages * self.kt + 1024;
         }
         if self.producer {
             // Q and the ring (`WsTile::kSmem`), a full and an empty mbarrier per stage, a
-            // tile's 8-byte pool slots, and 1 KB for the alignment.
+            // tile's 4-byte pool slots, and 1 KB for the alignment.
             let halves = self.rows() * self.d + self.stages * self.kt * (self.d + self.dvc);
-            return elem * halves + 16 * self.stages + 8 * self.kt + 1024;
+            return elem * halves + 16 * self.stages + 4 * self.kt + 1024;
         }
         if self.hopper {
             // Unpadded swizzled buffers (`HopperTile::kSmem`), two tiles' 8-byte page ids, and
@@ -290,8 +290,10 @@ pub struct SplitPlan {
     pub tile: String,
 }
 
-/// Most key splits per request: past this the merge's cost outgrows the gain.
+/// Most key splits per request: past this the merge's cost outgrows the gain (and the
+/// merge gives each split one lane of a warp).
 pub const MAX_SPLITS: usize = 32;
+const _: () = assert!(MAX_SPLITS <= 32);
 
 /// The split count for `blocks` blocks of equal work per split on a GPU that holds
 /// `resident` blocks at once. The run time goes as the waves the blocks take (a last,
@@ -395,6 +397,35 @@ pub fn check_blocks(num_indices: i64, bs: i32) -> u32 {
     per_request.div_ceil(2048).clamp(1, 128) as u32
 }
 
+/// Warps a block of the merge has (`kMergeWarps` in attention.cuh), each merging 64 value
+/// columns of one query row.
+pub const MERGE_WARPS: usize = 4;
+
+/// Most pool slots: the Hopper gather posts a key's slot as 32 bits, with two values above
+/// the slots kept for a tree node's key and a key past the split.
+pub const MAX_POOL_SLOTS: i64 = (u32::MAX - 2) as i64;
+
+/// The pool must be addressable by the Hopper gather's 32-bit arithmetic: a slot below
+/// `MAX_POOL_SLOTS`, and a row stride of K and V under 4 GiB (a slot's row is one 32 x 32 ->
+/// 64-bit product of the two). Real pools are far inside both (2^32 rows of even one
+/// 64-element head are 512 GiB).
+pub fn check_pool(p: &AttentionParams, elem: usize) -> Result<(), CudaError> {
+    if p.num_slots > MAX_POOL_SLOTS {
+        return Err(CudaError::arg(format!(
+            "k_cache: {} slots exceed the {MAX_POOL_SLOTS} a pool may have",
+            p.num_slots
+        )));
+    }
+    for (name, stride) in [("k_cache", p.kc_s0), ("v_cache", p.vc_s0)] {
+        if stride.unsigned_abs() * elem as u64 > u64::from(u32::MAX) {
+            return Err(CudaError::arg(format!(
+                "{name}: a row stride of {stride} elements is 4 GiB or more"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Launches the check, the attention blocks and (with `p.splits` > 1) the merge on
 /// `stream`. `f16` selects the fp16 kernels (else bf16); `v_in_k` says V is a view of K's
 /// first `dv` columns (same addresses and strides), which lets an MLA call read the values
@@ -420,7 +451,8 @@ pub unsafe fn tree_attention(
             VARIANTS[VARIANTS.len() - 1].d
         )));
     };
-    if p.hkv < 1 || p.hq % p.hkv != 0 || p.splits < 1 || p.bs < 1 {
+    if p.hkv < 1 || p.hq % p.hkv != 0 || p.splits < 1 || p.splits as usize > MAX_SPLITS || p.bs < 1
+    {
         return Err(CudaError::arg(
             "q: heads, batch or splits out of range".into(),
         ));
@@ -432,6 +464,7 @@ pub unsafe fn tree_attention(
             "q: bs * Hkv = {requests_heads} exceeds the grid's 65535"
         )));
     }
+    check_pool(&p, 2)?; // bf16 and fp16 alike
     let group = (p.hq / p.hkv) as usize;
     let (row_tiles, dv_chunks) = geometry(&v, p.q_nodes as usize, group, p.dv as usize);
     p.row_tiles = row_tiles as i32;
@@ -467,14 +500,16 @@ pub unsafe fn tree_attention(
         &mut args,
     )?;
     if p.splits > 1 {
-        let rows = (p.q_nodes as usize * group) as u32;
+        // A warp per 64 value columns of a query row, MERGE_WARPS warps a block.
+        let items = p.q_nodes as usize * group * (p.dv as usize).div_ceil(64);
+        let blocks = items.div_ceil(MERGE_WARPS) as u32;
         let mut args = Params::new();
         args.arg(&p);
         launch(
             "cuLaunchKernel(attention_merge)",
             dev.attention_merge[usize::from(f16)],
-            (rows, z, 1),
-            128,
+            (blocks, z, 1),
+            32 * MERGE_WARPS as u32,
             0,
             stream,
             &mut args,
@@ -539,20 +574,21 @@ mod tests {
         let mla = HOPPER_VARIANTS[3];
         assert_eq!((mla.rows(), mla.block_cols()), (64, 512));
         // Q 64 x 576, two K tiles of 64 x 576 and P 64 x 64, bf16; ten mbarriers; three
-        // fp32 rows of 64; the alignment slack: 1200 bytes under the limit.
+        // fp32 rows of 64; 128 4-byte slots; the alignment slack: 688 bytes under the limit.
         assert_eq!(
             mla.smem_bytes(2),
-            2 * (3 * 64 * 576 + 64 * 64) + 80 + 768 + 1024
+            2 * (3 * 64 * 576 + 64 * 64) + 80 + 768 + 512 + 1024
         );
-        assert_eq!(HOPPER_SMEM - mla.smem_bytes(2), 1200);
+        assert_eq!(HOPPER_SMEM - mla.smem_bytes(2), 688);
         let d128 = HOPPER_VARIANTS[1];
         assert_eq!((d128.rows(), d128.block_cols()), (128, 128));
-        // Q 128 x 128, three stages of 128 keys' K and V, bf16; six mbarriers; 128 slots; the
-        // alignment slack: 48 bytes under the limit.
+        // Q 128 x 128, three stages of 128 keys' K and V, bf16; six mbarriers; 128 4-byte
+        // slots; the alignment slack: 1488 bytes under the limit.
         assert_eq!(
             d128.smem_bytes(2),
-            2 * (128 * 128 + 3 * 128 * 256) + 48 + 1024 + 1024
+            2 * (128 * 128 + 3 * 128 * 256) + 48 + 512 + 1024
         );
+        assert_eq!(HOPPER_SMEM - d128.smem_bytes(2), 1488);
         assert!(!d128.stages_page_ids() && HOPPER_VARIANTS[2].stages_page_ids());
         assert!(!mla.stages_page_ids());
         assert_eq!(geometry(&mla, 256, 8, 512), (32, 1));
@@ -634,6 +670,34 @@ mod tests {
         // The Hopper MLA tile holds 64 rows: 32 row tiles per request, so fewer splits.
         let p = SplitPlan::new(2, 256, (8, 1), (576, 512), (&HOPPER_VARIANTS[3], 132)).unwrap();
         assert_eq!((p.splits, p.tile.as_str()), (vec![4, 2], "sm90a_d576vk"));
+    }
+
+    #[test]
+    fn the_pool_must_fit_the_gathers_32_bit_arithmetic() {
+        let mut p = AttentionParams {
+            num_slots: MAX_POOL_SLOTS,
+            kc_s0: 1 << 30,
+            vc_s0: (1 << 31) - 1,
+            ..Default::default()
+        };
+        assert!(check_pool(&p, 2).is_ok());
+        p.num_slots += 1;
+        assert!(check_pool(&p, 2)
+            .unwrap_err()
+            .to_string()
+            .starts_with("k_cache: 4294967294"));
+        p.num_slots = 8;
+        p.vc_s0 = 1 << 31;
+        assert!(check_pool(&p, 2)
+            .unwrap_err()
+            .to_string()
+            .starts_with("v_cache: a row stride"));
+        p.vc_s0 = 64;
+        p.kc_s0 = -(1 << 31);
+        assert!(check_pool(&p, 2)
+            .unwrap_err()
+            .to_string()
+            .starts_with("k_cache: a row stride"));
     }
 
     #[test]

@@ -643,35 +643,53 @@ __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
   write_rows<T>(p, out, acc, sm, wcol, gc);
 }
 
-// The splits' partial results of one query row (blockIdx.x: a row of M, blockIdx.y: b*Hkv+g)
-// merged by their log-sum-exp into out (and lse).
+// Warps a block of the merge has: each merges 64 value columns of one query row.
+constexpr int kMergeWarps = 4;
+
+// The splits' partial results merged by their log-sum-exp into out (and lse). Warp item
+// blockIdx.x * kMergeWarps + warp takes 64 value columns (a pair per lane) of one row of M
+// (blockIdx.y: b*Hkv+g), so that a long row still spreads over many warps. Lane s reads
+// split s's (m, l), so the weights take one round trip; the lanes then sum their pairs over
+// the splits, eight splits' loads in flight at once. A split with m = -inf (no key) has
+// weight 0.
 template <typename T>
 __device__ void attention_merge(const AttentionParams& p) {
   const int z = blockIdx.y, b = z / p.hkv, g = z % p.hkv;
   if (p.status[b] != kStatusOk) return;
-  const int group = p.hq / p.hkv, m_rows = p.q_nodes * group, row = blockIdx.x;
+  const int group = p.hq / p.hkv, m_rows = p.q_nodes * group, chunks = (p.dv + 63) / 64;
+  const int item = blockIdx.x * kMergeWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int row = item / chunks, c = (item % chunks) * 64 + 2 * lane;
+  if (row >= m_rows) return;
   const long long stride = static_cast<long long>(p.bs) * p.hkv * m_rows * (p.dv + 2);
   const float* part = p.part + (static_cast<long long>(z) * m_rows + row) * (p.dv + 2);
-  float m = -INFINITY;
-  for (int s = 0; s < p.splits; ++s) m = fmaxf(m, part[s * stride + p.dv]);
-  float l = 0.0f;
-  for (int s = 0; s < p.splits; ++s) {
-    const float ms = part[s * stride + p.dv];
-    if (ms != -INFINITY) l += exp2f(ms - m) * part[s * stride + p.dv + 1];
-  }
+  const float ms = lane < p.splits ? part[lane * stride + p.dv] : -INFINITY;
+  const float ls = lane < p.splits ? part[lane * stride + p.dv + 1] : 0.0f;
+  float m = ms;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  const float w = ms == -INFINITY ? 0.0f : exp2f(ms - m);
+  float l = w * ls;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
   const int node = row / group, head = g * group + row % group;
   const long long qrow = static_cast<long long>(b) * p.q_nodes + node;
-  T* o = static_cast<T*>(p.out) + qrow * p.o_s0 + head * p.o_s1;
-  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-  for (int c = threadIdx.x; c < p.dv; c += blockDim.x) {
-    float v = 0.0f;
+  if (c < p.dv) {  // a pair of columns (a partial row is dv + 2 floats: 8-byte aligned)
+    float2 v = make_float2(0.0f, 0.0f);
+#pragma unroll 8
     for (int s = 0; s < p.splits; ++s) {
-      const float ms = part[s * stride + p.dv];
-      if (ms != -INFINITY) v += exp2f(ms - m) * part[s * stride + c];
+      // Read whatever the weight (a split's rows lie in the workspace), so that the loads
+      // of eight splits go out together; a weight-0 split's stale values are selected away.
+      const float ws = __shfl_sync(0xffffffffu, w, s);
+      const float2 x = *reinterpret_cast<const float2*>(part + s * stride + c);
+      v.x = ws > 0.0f ? fmaf(ws, x.x, v.x) : v.x;
+      v.y = ws > 0.0f ? fmaf(ws, x.y, v.y) : v.y;
     }
-    o[c] = from_f32<T>(v * inv);
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    T* o = static_cast<T*>(p.out) + qrow * p.o_s0 + head * p.o_s1;
+    o[c] = from_f32<T>(v.x * inv);
+    o[c + 1] = from_f32<T>(v.y * inv);
   }
-  if (p.lse != nullptr && threadIdx.x == 0)
+  if (p.lse != nullptr && lane == 0 && item % chunks == 0)
     p.lse[qrow * p.hq + head] = (m + log2f(l)) * 0.69314718055994531f;
 }
 

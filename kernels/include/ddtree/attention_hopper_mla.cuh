@@ -33,8 +33,10 @@ struct MlaTile {
   static constexpr size_t kK = static_cast<size_t>(KT) * D;
   static constexpr size_t kP = static_cast<size_t>(BM) * KT;
   // Q, two tiles and P1; four ready, four free and two maximum mbarriers; the shared
-  // maximum and the two warpgroups' row sums (fp32); 1 KB to align to the swizzle's period.
-  static constexpr size_t kSmem = 2 * (kQ + 2 * kK + kP) + 10 * 8 + 4 * 3 * BM + 1024;
+  // maximum and the two warpgroups' row sums (fp32); a round's pool slots (4 bytes each);
+  // 1 KB to align to the swizzle's period.
+  static constexpr size_t kSmem =
+      2 * (kQ + 2 * kK + kP) + 10 * 8 + 4 * 3 * BM + 4 * 2 * KT + 1024;
   static_assert(kSmem <= 227 * 1024, "a Hopper block has at most 227 KB of shared memory");
 };
 
@@ -43,44 +45,64 @@ struct MlaTile {
 // that never lets one arrive twice. Both consumers wait on kSums and kQ. The maximum, which the
 // consumers read with ordinary loads, goes through mbarriers instead: compute-sanitizer's
 // racecheck does not see the ordering bar.arrive gives.
-enum MlaBarrier : int { kP0 = 1, kP1 = 2, kSums = 3, kQ = 4 };
+enum MlaBarrier : int { kP0 = 1, kP1 = 2, kSums = 3, kQ = 4, kProducer = 5 };
 __device__ __forceinline__ void bar_arrive(int id) {
   asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory");
 }
 __device__ __forceinline__ void bar_sync(int id) {
   asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory");
 }
+// The producer warpgroup's own barrier (kProducer, its 128 threads).
+__device__ __forceinline__ void bar_sync_producer() {
+  asm volatile("bar.sync %0, 128;\n" ::"n"(static_cast<int>(kProducer)) : "memory");
+}
 
 // The producer: rounds of two tiles (keys k_begin + 128 r .., buffer 0, and 64 on, buffer
-// 1), each half once the warpgroup that read it last has freed it. Eight threads take a key,
-// 16 keys a pass, as ws_produce: thread `part` copies chunk `part` of each of the key's
-// column blocks to the same swizzled place of every pass. Keys past the split copy nothing
+// 1), each half once the warpgroup that read it last has freed it. Thread k loads the page
+// of the round's key k a round ahead and posts the key's slot (or kRowTree / kRowNone) in
+// `rows` at the round's start, as ws_produce does a tile's. Eight threads take a key, 16
+// keys a pass, as there: thread `part` copies chunk `part` of each of the key's column
+// blocks to the same swizzled place of every pass. Keys past the split copy nothing
 // (zero-filled); the consumers mask them.
 template <typename T>
 __device__ __forceinline__ void mla_produce(const AttentionParams& p, const AttnBlock& w,
-                                            T* kbuf, uint64_t* ready, uint64_t* free_bar,
-                                            int rounds) {
+                                            T* kbuf, uint32_t* rows, uint64_t* ready,
+                                            uint64_t* free_bar, int rounds) {
   constexpr int KT = MlaTile::KT, KPP = 16, NP = KT / KPP, KB = MlaTile::kBlocks;
+  static_assert(2 * KT == MlaTile::kThreads / 3, "a producer thread per key of a round");
   const int tid = threadIdx.x, part = tid % 8, key0 = tid / 8;
   const int at = key0 * 64 + ((part ^ (key0 & 7)) << 3);  // in a tile, less 1024 a pass
   bool has[KB];  // whether the rows have this thread's chunk of each block
 #pragma unroll
   for (int cb = 0; cb < KB; ++cb) has[cb] = (part + 8 * cb) * 8 < p.dqk;
   const T* pool = static_cast<const T*>(p.k_cache) + w.g * p.kc_s1 + part * 8;
-  // This thread's chunk of the rows of its NP keys of the tile at kt (null: past the split).
-  auto locate = [&](long long kt, const T* (&rows)[NP]) {
+  const uint32_t row_bytes = static_cast<uint32_t>(p.kc_s0 * sizeof(T));  // under 4 GiB
+  const uint32_t in_page = (1u << p.page_shift) - 1;
+  const long long pool_end = min(w.k_end, w.prefix);  // keys past it are not the pool's
+  auto page_of = [&](long long t) {
+    return t < pool_end ? page_at(p, w.start + (t >> p.page_shift)) : 0u;
+  };
+  auto row_of = [&](long long t, uint32_t page) {
+    if (t >= w.k_end) return kRowNone;
+    if (t >= w.prefix) return kRowTree;
+    return (page << p.page_shift) | (static_cast<uint32_t>(t) & in_page);
+  };
+  // This thread's chunk of the rows of its NP keys of tile `tile` of the round at kt (null:
+  // past the split).
+  auto locate = [&](long long kt, int tile, const T* (&src)[NP]) {
 #pragma unroll
     for (int j = 0; j < NP; ++j) {
-      const long long t = kt + key0 + j * KPP;
-      if (t >= w.k_end)
-        rows[j] = nullptr;
-      else if (t < w.prefix)
-        rows[j] = pool + prefix_slot(p, w.start, t) * p.kc_s0;
+      const int key = tile * KT + key0 + j * KPP;
+      const uint32_t row = ld_shared_u32(rows + key);
+      if (row < kRowTree)
+        src[j] = row_address(pool, row, row_bytes);
+      else if (row == kRowTree)
+        src[j] = key_rows_at<T>(p, w.b, w.g, w.prefix, kt + key, 0, true, 0).k + part * 8;
       else
-        rows[j] = key_rows_at<T>(p, w.b, w.g, w.prefix, t, 0, true, 0).k + part * 8;
+        src[j] = nullptr;
     }
   };
-  auto copy = [&](const T* const (&rows)[NP], int buf, int cb0, int cb1) {
+  auto copy = [&](const T* const (&src)[NP], int buf, int cb0, int cb1) {
     T* dst = kbuf + buf * MlaTile::kK + at;
 #pragma unroll
     for (int j = 0; j < NP; ++j)
@@ -88,29 +110,37 @@ __device__ __forceinline__ void mla_produce(const AttentionParams& p, const Attn
       for (int cb = 0; cb < KB; ++cb)
         if (cb >= cb0 && cb < cb1)
           cp_async16(dst + j * KPP * 64 + cb * KT * 64,
-                     rows[j] != nullptr ? rows[j] + cb * 64 : pool, rows[j] != nullptr && has[cb]);
+                     src[j] != nullptr ? src[j] + cb * 64 : pool, src[j] != nullptr && has[cb]);
   };
   // Half h of buffer `buf` (h 0: blocks 0 .. kLeft, 1: the rest), once freed in round r - 1.
-  auto load = [&](const T* const (&rows)[NP], int r, int buf, int h) {
+  auto load = [&](const T* const (&src)[NP], int r, int buf, int h) {
     if (r > 0) mbar_wait(free_bar + 2 * buf + h, (r - 1) & 1);
     if (h == 0)
-      copy(rows, buf, 0, MlaTile::kLeft);
+      copy(src, buf, 0, MlaTile::kLeft);
     else
-      copy(rows, buf, MlaTile::kLeft, KB);
+      copy(src, buf, MlaTile::kLeft, KB);
     mbar_arrive_on_copies(ready + 2 * buf + h);
   };
+  long long t_next = w.k_begin + tid;
+  uint32_t page_next = page_of(t_next);
   for (int r = 0; r < rounds; ++r) {
     const long long kt = w.k_begin + 2ll * KT * r;
-    const T* rows0[NP];
-    const T* rows1[NP];
-    locate(kt, rows0);
-    locate(kt + KT, rows1);
+    // The producer warpgroup's barrier: the last round's rows are read, then these posted.
+    bar_sync_producer();
+    st_shared_u32(rows + tid, row_of(t_next, page_next));
+    bar_sync_producer();
+    t_next = kt + 2 * KT + tid;
+    page_next = page_of(t_next);
+    const T* src0[NP];
+    const T* src1[NP];
+    locate(kt, 0, src0);
+    locate(kt, 1, src1);
     // In the order the consumers free them: consumer 0 reads buffer 0's left half last in
     // its own P V; consumer 1 its own right half; then the halves the other reads.
-    load(rows0, r, 0, 0);
-    load(rows1, r, 1, 1);
-    load(rows0, r, 0, 1);
-    load(rows1, r, 1, 0);
+    load(src0, r, 0, 0);
+    load(src1, r, 1, 1);
+    load(src0, r, 0, 1);
+    load(src1, r, 1, 0);
   }
   cp_async_wait<0>();  // nothing of this thread's in flight when it exits
 }
@@ -222,6 +252,7 @@ __device__ void attention_block_mla(const AttentionParams& p, unsigned char* sme
   uint64_t* max_bar = free_bar + 4;  // [consumer]: its maximum is posted in xm
   float* xm = reinterpret_cast<float*>(max_bar + 2);                // [64] shared maximum
   float* xl = xm + Tile::BM;                                        // [2][64] row sums
+  uint32_t* rows = reinterpret_cast<uint32_t*>(xl + 2 * Tile::BM);  // [128] a round's slots
 
   AttnBlock w;
   if (!attn_block(p, Tile::BM, Tile::DV, w)) return;
@@ -240,7 +271,7 @@ __device__ void attention_block_mla(const AttentionParams& p, unsigned char* sme
   __syncthreads();  // the barriers' initialisation to every thread
   if (wg == 0) {
     regs_down<Tile::kProducerRegs>();
-    mla_produce<T>(p, w, kbuf, ready, free_bar, rounds);
+    mla_produce<T>(p, w, kbuf, rows, ready, free_bar, rounds);
     return;
   }
   regs_up<Tile::kConsumerRegs>();

@@ -25,9 +25,9 @@ struct WsTile {
   static constexpr size_t kQ = static_cast<size_t>(BM) * D;  // elements of each buffer
   static constexpr size_t kK = static_cast<size_t>(KT) * D;
   static constexpr size_t kV = static_cast<size_t>(KT) * DV;
-  // Q and the ring, the full and empty mbarriers, a tile's pool slots, 1 KB to align to the
-  // swizzle's period.
-  static constexpr size_t kSmem = 2 * (kQ + ST * (kK + kV)) + 16 * ST + 8 * KT + 1024;
+  // Q and the ring, the full and empty mbarriers, a tile's pool slots (4 bytes each), 1 KB to
+  // align to the swizzle's period.
+  static constexpr size_t kSmem = 2 * (kQ + ST * (kK + kV)) + 16 * ST + 4 * KT + 1024;
   static_assert(KT == 64 || KT == 128, "S takes one m64n64 or m64n128 product per k step");
   static_assert(D % 64 == 0 && DV % 64 == 0, "whole 128-byte column blocks");
   static_assert(ST >= 2, "a stage loads while the previous tile's P V reads another");
@@ -75,17 +75,46 @@ __device__ __forceinline__ long long ld_shared_u64(const long long* p) {
   asm volatile("ld.shared.u64 %0, [%1];\n" : "=l"(v) : "r"(smem_addr(p)) : "memory");
   return v;
 }
+__device__ __forceinline__ void st_shared_u32(uint32_t* p, uint32_t v) {
+  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(smem_addr(p)), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint32_t ld_shared_u32(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(smem_addr(p)) : "memory");
+  return v;
+}
+
+// What a producer thread posts for each key of a tile, a tile ahead: the key's pool slot, or
+// one of these (the host keeps the pool under kRowTree slots).
+constexpr uint32_t kRowTree = 0xFFFFFFFEu;  // a tree node's key: its rows are k_new's, v_new's
+constexpr uint32_t kRowNone = 0xFFFFFFFFu;  // past the split: zero-filled, never read
+
+// The low 32 bits of page-table entry i: the page, which the check bounded by the pool's
+// slots (< 2^32). One 32-bit load, so that nothing has to wait for it to widen the value.
+__device__ __forceinline__ uint32_t page_at(const AttentionParams& p, long long i) {
+  return static_cast<const uint32_t*>(p.kv_indices)[p.index64 ? 2 * i : i];
+}
+
+// base + row * bytes as one 32 x 32 -> 64-bit multiply-add (mad.wide.u32).
+template <typename T>
+__device__ __forceinline__ const T* row_address(const T* base, uint32_t row, uint32_t bytes) {
+  unsigned long long a;
+  asm("mad.wide.u32 %0, %1, %2, %3;\n" : "=l"(a) : "r"(row), "r"(bytes), "l"(base));
+  return reinterpret_cast<const T*>(a);
+}
 
 // The producer: tiles of KT keys from k_begin into the ring, each once its stage is empty.
-// Thread k < KT reads key k's pool slot from the page table a tile ahead and posts it in
-// `ids` for the warpgroup. Then eight threads take a key, 16 keys a pass: thread `part`
-// copies chunk `part` of each of the key's 128-byte column blocks (so that a warp reads
-// whole lines), into the same swizzled place of every pass (its keys are 16 apart, so the
-// swizzle, key % 8, stays the same), which keeps the loop to a slot read, one product for
-// the row's address and the copies.
+// Thread k < KT loads key k's page a tile ahead and, a tile later, once that load has long
+// landed, posts the key's slot (or kRowTree / kRowNone) in `rows` for the warpgroup; so the
+// slot's arithmetic is done once a key and the page-table read never stalls the copies.
+// Then eight threads take a key, 16 keys a pass: thread `part` copies chunk `part` of each
+// of the key's 128-byte column blocks (so that a warp reads whole lines), into the same
+// swizzled place of every pass (its keys are 16 apart, so the swizzle, key % 8, stays the
+// same). A pool key's row address is one 32 x 32 -> 64-bit product and add (slot times the
+// row's bytes), which keeps a pass to a shared load, two products and the copies.
 template <typename T, int D, int DV, int KT, int ST>
 __device__ __forceinline__ void ws_produce(const AttentionParams& p, const AttnBlock& w, T* kbuf,
-                                           T* vbuf, long long* ids, uint64_t* full,
+                                           T* vbuf, uint32_t* rows, uint64_t* full,
                                            uint64_t* empty) {
   using Tile = WsTile<D, DV, KT, ST>;
   constexpr int KPP = 16, KB = D / 64, VB = DV / 64;  // keys a pass; column blocks of K, V
@@ -98,42 +127,53 @@ __device__ __forceinline__ void ws_produce(const AttentionParams& p, const AttnB
   for (int cb = 0; cb < VB; ++cb) v_has[cb] = (part + 8 * cb) * 8 < w.dv_here;
   const T* k_pool = static_cast<const T*>(p.k_cache) + w.g * p.kc_s1 + part * 8;
   const T* v_pool = static_cast<const T*>(p.v_cache) + w.g * p.vc_s1 + w.col0 + part * 8;
-  auto slot_of = [&](long long t) {
-    return tid < KT && t < w.k_end && t < w.prefix ? prefix_slot(p, w.start, t) : 0;
+  // Row strides in bytes (under 4 GiB: the host checks).
+  const uint32_t k_row = static_cast<uint32_t>(p.kc_s0 * sizeof(T));
+  const uint32_t v_row = static_cast<uint32_t>(p.vc_s0 * sizeof(T));
+  const uint32_t in_page = (1u << p.page_shift) - 1;
+  const long long pool_end = min(w.k_end, w.prefix);  // keys past it are not the pool's
+  auto page_of = [&](long long t) {
+    return tid < KT && t < pool_end ? page_at(p, w.start + (t >> p.page_shift)) : 0u;
   };
-  long long next = slot_of(w.k_begin + tid);
+  auto row_of = [&](long long t, uint32_t page) {
+    if (t >= w.k_end) return kRowNone;
+    if (t >= w.prefix) return kRowTree;
+    return (page << p.page_shift) | (static_cast<uint32_t>(t) & in_page);
+  };
+  long long t_next = w.k_begin + tid;
+  uint32_t page_next = page_of(t_next);
   int i = 0;
   for (long long kt = w.k_begin; kt < w.k_end; kt += KT, ++i) {
     const int st = i % ST;
-    // The producer warpgroup's barrier: the last tile's ids are read, then these posted.
+    // The producer warpgroup's barrier: the last tile's rows are read, then these posted.
     asm volatile("bar.sync 1, 128;\n" ::: "memory");
-    if (tid < KT) st_shared_u64(ids + tid, next);
+    if (tid < KT) st_shared_u32(rows + tid, row_of(t_next, page_next));
     asm volatile("bar.sync 1, 128;\n" ::: "memory");
-    next = slot_of(kt + KT + tid);
+    t_next = kt + KT + tid;
+    page_next = page_of(t_next);
     if (i >= ST) mbar_wait(empty + st, ((i / ST) & 1) ^ 1);
     T* ks = kbuf + st * Tile::kK + at;
     T* vs = vbuf + st * Tile::kV + at;
-#pragma unroll 2
-    for (int j = 0; j < KT / KPP; ++j) {
-      const long long t = kt + key0 + j * KPP;
-      const bool valid = t < w.k_end;
-      const T* k_row;
-      const T* v_row;
-      if (t < w.prefix) {
-        const long long slot = ld_shared_u64(ids + key0 + j * KPP);
-        k_row = k_pool + slot * p.kc_s0;
-        v_row = v_pool + slot * p.vc_s0;
-      } else {  // a tree node's row (or none past the split: not read)
-        const KeyRows<T> rows = key_rows_at<T>(p, w.b, w.g, w.prefix, t, 0, valid, w.col0);
-        k_row = rows.k + part * 8;
-        v_row = rows.v + part * 8;
-      }
+    // Key key0 + j * KPP's chunks; `valid` false zero-fills them.
+    auto copy = [&](int j, const T* k_src, const T* v_src, bool valid) {
 #pragma unroll
       for (int cb = 0; cb < KB; ++cb)
-        cp_async16(ks + j * KPP * 64 + cb * KT * 64, k_row + cb * 64, valid && k_has[cb]);
+        cp_async16(ks + j * KPP * 64 + cb * KT * 64, k_src + cb * 64, valid && k_has[cb]);
 #pragma unroll
       for (int cb = 0; cb < VB; ++cb)
-        cp_async16(vs + j * KPP * 64 + cb * KT * 64, v_row + cb * 64, valid && v_has[cb]);
+        cp_async16(vs + j * KPP * 64 + cb * KT * 64, v_src + cb * 64, valid && v_has[cb]);
+    };
+#pragma unroll
+    for (int j = 0; j < KT / KPP; ++j) {
+      const uint32_t row = ld_shared_u32(rows + key0 + j * KPP);
+      if (row < kRowTree) {  // a pool key: its own copies, so that their predicates stay fixed
+        copy(j, row_address(k_pool, row, k_row), row_address(v_pool, row, v_row), true);
+      } else {  // a tree node's rows, or none past the split (not read)
+        const bool valid = row == kRowTree;
+        const long long t = kt + key0 + j * KPP;
+        const KeyRows<T> kv = key_rows_at<T>(p, w.b, w.g, w.prefix, t, 0, valid, w.col0);
+        copy(j, kv.k + part * 8, kv.v + part * 8, valid);
+      }
     }
     mbar_arrive_on_copies(full + st);
   }
@@ -174,7 +214,7 @@ __device__ void attention_block_ws(const AttentionParams& p, unsigned char* smem
   T* vbuf = kbuf + ST * Tile::kK;  // [ST][DV / 64][KT][64]
   uint64_t* full = reinterpret_cast<uint64_t*>(vbuf + ST * Tile::kV);
   uint64_t* empty = full + ST;
-  long long* ids = reinterpret_cast<long long*>(empty + ST);  // [KT] pool slots
+  uint32_t* rows = reinterpret_cast<uint32_t*>(empty + ST);  // [KT] a tile's pool slots
 
   AttnBlock w;
   if (!attn_block(p, BM, DV, w)) return;
@@ -190,7 +230,7 @@ __device__ void attention_block_ws(const AttentionParams& p, unsigned char* smem
   __syncthreads();       // ...and the barriers' initialisation to every thread
   if (wg == 0) {
     regs_down<Tile::kProducerRegs>();
-    ws_produce<T, D, DV, KT, ST>(p, w, kbuf, vbuf, ids, full, empty);
+    ws_produce<T, D, DV, KT, ST>(p, w, kbuf, vbuf, rows, full, empty);
     return;
   }
   regs_up<Tile::kConsumerRegs>();
