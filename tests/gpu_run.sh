@@ -18,48 +18,51 @@ rm -rf /tmp/site  # a warm machine keeps the last wheel; pip --target would not 
 pip install --no-index --no-deps --target /tmp/site "${WHEELS:-wheels}"/ddtree-*.whl >/tmp/install.log 2>&1 \
     || { cat /tmp/install.log; exit 1; }
 export PYTHONPATH=/tmp/site
+# Each command of a step gets STEP_SECONDS (default 300): a kernel that hangs fails its step
+# (exit 124) instead of spending the device call's whole time.
+limit() { timeout "${STEP_SECONDS:-300}" "$@"; }
 # Few files: the device tool returns a limited number of them.
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$OUT/gpu-tests.log"
 status=0
 for step in $STEPS; do
     case $step in
     tests)
-        python3 -m pytest tests -m gpu -q -p no:cacheprovider -s ${PYTEST_K:+-k "$PYTEST_K"} >>"$OUT/gpu-tests.log" 2>&1 || status=1
+        limit python3 -m pytest tests -m gpu -q -p no:cacheprovider -s ${PYTEST_K:+-k "$PYTEST_K"} >>"$OUT/gpu-tests.log" 2>&1 || status=1
         tail -15 "$OUT/gpu-tests.log" ;;
     portable)
         # The attention tests again through the portable (sm_120) kernel on this H100/H200.
-        DDTREE_ATTENTION=portable python3 -m pytest tests/test_gpu_attention.py -m gpu -q \
+        limit env DDTREE_ATTENTION=portable python3 -m pytest tests/test_gpu_attention.py -m gpu -q \
             -p no:cacheprovider ${PYTEST_K:+-k "$PYTEST_K"} >"$OUT/gpu-portable.log" 2>&1 || status=1
         tail -5 "$OUT/gpu-portable.log" ;;
     sanitize)
         for tool in memcheck racecheck; do
-            compute-sanitizer --tool "$tool" --error-exitcode 3 python3 tests/gpu_small.py \
+            limit compute-sanitizer --tool "$tool" --error-exitcode 3 python3 tests/gpu_small.py \
                 >/tmp/sanitizer-$tool.log 2>&1 || status=1
             { echo "== $tool"; tail -3 /tmp/sanitizer-$tool.log; } | tee -a "$OUT/sanitizer.log"
-            DDTREE_ATTENTION=portable compute-sanitizer --tool "$tool" --error-exitcode 3 \
+            limit env DDTREE_ATTENTION=portable compute-sanitizer --tool "$tool" --error-exitcode 3 \
                 python3 tests/gpu_small.py attention >/tmp/sanitizer-p-$tool.log 2>&1 || status=1
             { echo "== $tool, portable attention"; tail -3 /tmp/sanitizer-p-$tool.log; } \
                 | tee -a "$OUT/sanitizer.log"
         done ;;
     loop)
-        python3 -m ddtree bench --loop --plot "$OUT/loop.png" ${LOOP_ARGS:-} >"$OUT/bench-loop.txt" \
+        limit python3 -m ddtree bench --loop --plot "$OUT/loop.png" ${LOOP_ARGS:-} >"$OUT/bench-loop.txt" \
             2>&1 || status=1
         cat "$OUT/bench-loop.txt" ;;
     bench)
-        python3 -m ddtree.bench_gpu ${BENCH_ARGS:-} >"$OUT/bench-gpu.txt" 2>&1 || status=1
+        limit python3 -m ddtree.bench_gpu ${BENCH_ARGS:-} >"$OUT/bench-gpu.txt" 2>&1 || status=1
         cat "$OUT/bench-gpu.txt" ;;
     host)
-        python3 -m ddtree bench --host ${HOST_ARGS:-} >"$OUT/bench-host.txt" 2>&1 || status=1
+        limit python3 -m ddtree bench --host ${HOST_ARGS:-} >"$OUT/bench-host.txt" 2>&1 || status=1
         cat "$OUT/bench-host.txt" ;;
     hunt)
         python3 tests/gpu_hunt_ties.py "${HUNT_SECONDS:-120}" >"$OUT/hunt-ties.txt" 2>&1 || status=1
         cat "$OUT/hunt-ties.txt" ;;
     attention)
-        python3 -m ddtree bench --attention ${ATTN_ARGS:-} >"$OUT/bench-attention.txt" 2>&1 \
+        limit python3 -m ddtree bench --attention ${ATTN_ARGS:-} >"$OUT/bench-attention.txt" 2>&1 \
             || status=1
         cat "$OUT/bench-attention.txt" ;;
     attention-portable)
-        DDTREE_ATTENTION=portable python3 -m ddtree bench --attention ${ATTN_ARGS:-} \
+        limit env DDTREE_ATTENTION=portable python3 -m ddtree bench --attention ${ATTN_ARGS:-} \
             >"$OUT/bench-attention-portable.txt" 2>&1 || status=1
         cat "$OUT/bench-attention-portable.txt" ;;
     esac

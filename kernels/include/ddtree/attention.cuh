@@ -472,13 +472,14 @@ __device__ __forceinline__ void write_rows(const AttentionParams& p, const RowsO
           ((static_cast<long long>(blockIdx.y) * p.bs * p.hkv + w.z) * w.m_rows + row) *
           (p.dv + 2);
       float* part = p.part + at;
+      // A pair a store: a partial row (dv + 2 floats) starts 8-byte aligned, and col0 + c
+      // is even.
 #pragma unroll
       for (int t = 0; t < VT; ++t) {
         const int c = wcol + t * 8 + gc * 2;
-        if (c < w.dv_here) {
-          part[w.col0 + c] = acc[t][2 * h];
-          part[w.col0 + c + 1] = acc[t][2 * h + 1];
-        }
+        if (c < w.dv_here)
+          *reinterpret_cast<float2*>(part + w.col0 + c) =
+              make_float2(acc[t][2 * h], acc[t][2 * h + 1]);
       }
       if (w.col0 == 0 && wcol == 0 && gc == 0) {
         part[p.dv] = sm.m[h];

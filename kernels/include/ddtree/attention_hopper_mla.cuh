@@ -25,8 +25,10 @@ namespace ddtree {
 struct MlaTile {
   static constexpr int D = 576, DV = 512, KT = 64, BM = 64;
   static constexpr int kThreads = 3 * 128;  // the producer's warpgroup first
-  static constexpr int kProducerRegs = 72;  // setmaxnreg: 72 + 2 * 216 = 504 of 512 a lane
+  // setmaxnreg within the block's launch registers, 3 * 168 a lane (WsTile says why).
+  static constexpr int kProducerRegs = 72;
   static constexpr int kConsumerRegs = 216;
+  static_assert(kProducerRegs + 2 * kConsumerRegs <= 3 * 168, "the block's launch registers");
   static constexpr int kBlocks = D / 64;      // 128-byte column blocks of a row
   static constexpr int kLeft = DV / 2 / 64;   // blocks of a tile's left half (O_L's values)
   static constexpr size_t kQ = static_cast<size_t>(BM) * D;  // elements of each buffer

@@ -20,8 +20,12 @@ template <int D, int DV, int KT, int ST>
 struct WsTile {
   static constexpr int BM = 128;            // two consumer warpgroups of 64 rows
   static constexpr int kThreads = 3 * 128;  // the producer's warpgroup first
-  static constexpr int kProducerRegs = 56;  // setmaxnreg: 56 + 2 * 224 = 504 of 512 a lane
+  // setmaxnreg moves registers within the block's launch allocation (168 a lane, 65536 over
+  // 384 threads): 56 + 2 * 224 = 3 * 168. A sum above it would leave setmaxnreg.inc waiting
+  // for registers that never come (a hang, not an error).
+  static constexpr int kProducerRegs = 56;
   static constexpr int kConsumerRegs = 224;
+  static_assert(kProducerRegs + 2 * kConsumerRegs <= 3 * 168, "the block's launch registers");
   static constexpr size_t kQ = static_cast<size_t>(BM) * D;  // elements of each buffer
   static constexpr size_t kK = static_cast<size_t>(KT) * D;
   static constexpr size_t kV = static_cast<size_t>(KT) * DV;
