@@ -52,6 +52,15 @@ __device__ __forceinline__ uint64_t smem_desc(const void* ptr, uint32_t lbo, uin
   return static_cast<uint64_t>((a & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
          (static_cast<uint64_t>(sbo >> 4) << 32) | (1ull << 62);
 }
+// A swizzled matrix read K-major (Q, K, P): rows 128 bytes apart, 8-row groups 1024 apart.
+__device__ __forceinline__ uint64_t kmajor_desc(const void* ptr) {
+  return smem_desc(ptr, 16, 1024);
+}
+// A swizzled tile of `keys` rows read MN-major, transposed (V): 8-key groups 1024 bytes
+// apart, 64-column blocks keys * 128 apart.
+__device__ __forceinline__ uint64_t mnmajor_desc(const void* ptr, int keys) {
+  return smem_desc(ptr, keys * 128, 1024);
+}
 
 // Makes this thread's writes to shared memory by ordinary stores and cp.async visible to
 // the tensor cores' (async proxy) reads after the next barrier.
@@ -228,12 +237,10 @@ __device__ void attention_block_hopper(const AttentionParams& p, unsigned char* 
   // 16 w .. 16 w + 15, as mma.sync's m16 per warp) and their tree nodes.
   const int* bits_of[2];
   const RowsOut out = rows_out(p, w, rg * 64 + warp * 16 + gr, bits_of);
-  // Descriptors: Q's rows of this warpgroup and each stage's K and V. K-major (Q, K): rows
-  // 128 bytes apart, 8-row groups 1024 apart. V read MN-major (transposed): 8-key groups
-  // 1024 bytes apart, 64-column blocks KT * 128 apart.
-  const uint64_t q_desc = smem_desc(qs + rg * 64 * 64, 16, 1024);
-  const uint64_t k_desc = smem_desc(kbuf, 16, 1024);
-  const uint64_t v_desc = smem_desc(vbuf, KT * 128, 1024);
+  // Descriptors: Q's rows of this warpgroup and stage 0's K and V.
+  const uint64_t q_desc = kmajor_desc(qs + rg * 64 * 64);
+  const uint64_t k_desc = kmajor_desc(kbuf);
+  const uint64_t v_desc = mnmajor_desc(vbuf, KT);
   constexpr uint32_t kStageK = Tile::kK * 2 / 16, kStageV = Tile::kV * 2 / 16;
 
   RowSoftmax sm;

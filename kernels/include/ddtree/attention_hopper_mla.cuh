@@ -286,14 +286,14 @@ __device__ void attention_block_mla(const AttentionParams& p, unsigned char* sme
   const int gr = lane >> 2, gc = lane & 3, r = warp * 16 + gr;
   const int* bits_of[2];
   rows_out(p, w, r, bits_of);  // the rows' ancestor bits; where they go, at the end
-  const uint64_t q_desc = smem_desc(qs, 16, 1024);
-  const uint64_t k0_desc = smem_desc(kbuf, 16, 1024);
-  const uint64_t k1_desc = smem_desc(kbuf + Tile::kK, 16, 1024);
-  // This consumer's value columns (its half) of each buffer, read MN-major.
-  const uint64_t v0_desc = smem_desc(kbuf + cw * Tile::kLeft * KT * 64, KT * 128, 1024);
-  const uint64_t v1_desc = smem_desc(kbuf + Tile::kK + cw * Tile::kLeft * KT * 64, KT * 128, 1024);
-  const uint64_t p0_desc = smem_desc(p0buf, 16, 1024);
-  const uint64_t p1_desc = smem_desc(p1buf, 16, 1024);
+  const uint64_t q_desc = kmajor_desc(qs);
+  const uint64_t k0_desc = kmajor_desc(kbuf);
+  const uint64_t k1_desc = kmajor_desc(kbuf + Tile::kK);
+  // This consumer's value columns (its half) of each buffer.
+  const uint64_t v0_desc = mnmajor_desc(kbuf + cw * Tile::kLeft * KT * 64, KT);
+  const uint64_t v1_desc = mnmajor_desc(kbuf + Tile::kK + cw * Tile::kLeft * KT * 64, KT);
+  const uint64_t p0_desc = kmajor_desc(p0buf);
+  const uint64_t p1_desc = kmajor_desc(p1buf);
   auto acquire = [&](int buf, int h, int round) {
     mbar_wait(ready + 2 * buf + h, round & 1);
     fence_async_shared();

@@ -243,11 +243,11 @@ __device__ void attention_block_ws(const AttentionParams& p, unsigned char* smem
   const int gr = lane >> 2, gc = lane & 3;
   const int* bits_of[2];
   const RowsOut out = rows_out(p, w, cw * 64 + warp * 16 + gr, bits_of);
-  // Descriptors as attention_block_hopper's: Q's rows of this warpgroup, stage 0's K
-  // (K-major) and V (read MN-major); a stage is kStageK / kStageV 16-byte units on.
-  const uint64_t q_desc = smem_desc(qs + cw * 64 * 64, 16, 1024);
-  const uint64_t k_desc = smem_desc(kbuf, 16, 1024);
-  const uint64_t v_desc = smem_desc(vbuf, KT * 128, 1024);
+  // Descriptors: Q's rows of this warpgroup, stage 0's K and V; a stage is kStageK /
+  // kStageV 16-byte units on.
+  const uint64_t q_desc = kmajor_desc(qs + cw * 64 * 64);
+  const uint64_t k_desc = kmajor_desc(kbuf);
+  const uint64_t v_desc = mnmajor_desc(vbuf, KT);
   constexpr uint32_t kStageK = Tile::kK * 2 / 16, kStageV = Tile::kV * 2 / 16;
   // Waits for tile i's stage; then makes its copies visible to this thread's products.
   auto acquire = [&](int i) {
