@@ -330,14 +330,12 @@ struct RowSoftmax {
   float m[2] = {-INFINITY, -INFINITY};
   float l[2] = {0.0f, 0.0f};
 
-  // Rescales acc if the maximum moves, then writes the weights P (as 16-bit pairs, [n][row
-  // half]) and adds them to l.
-  template <typename T, int NT, int VT>
-  __device__ __forceinline__ void update(const float (&s)[NT][4], const float (&tile_max)[2],
-                                         float (&acc)[VT][4], uint32_t (&pa)[NT][2]) {
+  // Moves the maximum to the tile's where a row's passes it by more than kLazyRescale (the
+  // warp decides as one): true, with l scaled and `scale` the factor for the accumulators.
+  __device__ __forceinline__ bool move_max(const float (&tile_max)[2], float (&scale)[2]) {
     const bool grows = tile_max[0] > m[0] + kLazyRescale || tile_max[1] > m[1] + kLazyRescale;
-    if (__any_sync(0xffffffffu, grows)) {
-      float scale[2];
+    const bool moves = __any_sync(0xffffffffu, grows);
+    if (moves) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const float m_new = fmaxf(m[h], tile_max[h]);
@@ -345,8 +343,17 @@ struct RowSoftmax {
         m[h] = m_new;
         l[h] *= scale[h];
       }
-      rescale(acc, scale);
     }
+    return moves;
+  }
+
+  // Rescales acc if the maximum moves, then writes the weights P (as 16-bit pairs, [n][row
+  // half]) and adds them to l.
+  template <typename T, int NT, int VT>
+  __device__ __forceinline__ void update(const float (&s)[NT][4], const float (&tile_max)[2],
+                                         float (&acc)[VT][4], uint32_t (&pa)[NT][2]) {
+    float scale[2];
+    if (move_max(tile_max, scale)) rescale(acc, scale);
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
       float e[4];
@@ -368,17 +375,7 @@ struct RowSoftmax {
   template <int NT>
   __device__ __forceinline__ bool weigh(float (&s)[NT][4], const float (&tile_max)[2],
                                         float (&scale)[2]) {
-    const bool grows = tile_max[0] > m[0] + kLazyRescale || tile_max[1] > m[1] + kLazyRescale;
-    const bool moves = __any_sync(0xffffffffu, grows);
-    if (moves) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float m_new = fmaxf(m[h], tile_max[h]);
-        scale[h] = m_new == -INFINITY ? 1.0f : exp2f(m[h] - m_new);
-        m[h] = m_new;
-        l[h] *= scale[h];
-      }
-    }
+    const bool moves = move_max(tile_max, scale);
     // A row with no key yet has m = -inf and scores all -inf: subtracting 0 gives weights 0.
     const float base[2] = {m[0] == -INFINITY ? 0.0f : m[0], m[1] == -INFINITY ? 0.0f : m[1]};
 #pragma unroll
