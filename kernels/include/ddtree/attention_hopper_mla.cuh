@@ -79,16 +79,6 @@ __device__ __forceinline__ void mla_produce(const AttentionParams& p, const Attn
   for (int cb = 0; cb < KB; ++cb) has[cb] = (part + 8 * cb) * 8 < p.dqk;
   const T* pool = static_cast<const T*>(p.k_cache) + w.g * p.kc_s1 + part * 8;
   const uint32_t row_bytes = static_cast<uint32_t>(p.kc_s0 * sizeof(T));  // under 4 GiB
-  const uint32_t in_page = (1u << p.page_shift) - 1;
-  const long long pool_end = min(w.k_end, w.prefix);  // keys past it are not the pool's
-  auto page_of = [&](long long t) {
-    return t < pool_end ? page_at(p, w.start + (t >> p.page_shift)) : 0u;
-  };
-  auto row_of = [&](long long t, uint32_t page) {
-    if (t >= w.k_end) return kRowNone;
-    if (t >= w.prefix) return kRowTree;
-    return (page << p.page_shift) | (static_cast<uint32_t>(t) & in_page);
-  };
   // This thread's chunk of the rows of its NP keys of tile `tile` of the round at kt (null:
   // past the split).
   auto locate = [&](long long kt, int tile, const T* (&src)[NP]) {
@@ -123,16 +113,14 @@ __device__ __forceinline__ void mla_produce(const AttentionParams& p, const Attn
       copy(src, buf, MlaTile::kLeft, KB);
     mbar_arrive_on_copies(ready + 2 * buf + h);
   };
-  long long t_next = w.k_begin + tid;
-  uint32_t page_next = page_of(t_next);
+  NextKey next(p, w, w.k_begin + tid, true);
   for (int r = 0; r < rounds; ++r) {
     const long long kt = w.k_begin + 2ll * KT * r;
     // The producer warpgroup's barrier: the last round's rows are read, then these posted.
     bar_sync_producer();
-    st_shared_u32(rows + tid, row_of(t_next, page_next));
+    st_shared_u32(rows + tid, next.slot(p, w));
     bar_sync_producer();
-    t_next = kt + 2 * KT + tid;
-    page_next = page_of(t_next);
+    next = NextKey(p, w, kt + 2 * KT + tid, true);
     const T* src0[NP];
     const T* src1[NP];
     locate(kt, 0, src0);

@@ -99,6 +99,24 @@ __device__ __forceinline__ uint32_t page_at(const AttentionParams& p, long long 
   return static_cast<const uint32_t*>(p.kv_indices)[p.index64 ? 2 * i : i];
 }
 
+// A producer thread's key a tile (MLA: a round) ahead: its page is loaded early, and the
+// slot it posts is formed from it a tile later, once the load has long landed.
+struct NextKey {
+  long long t;    // the key
+  uint32_t page;  // its page when it is a pool key of the split, else 0 (nothing loaded)
+  __device__ __forceinline__ NextKey(const AttentionParams& p, const AttnBlock& w, long long t_,
+                                     bool mine)
+      : t(t_),
+        page(mine && t_ < min(w.k_end, w.prefix) ? page_at(p, w.start + (t_ >> p.page_shift))
+                                                 : 0u) {}
+  // The key's pool slot, kRowTree or kRowNone.
+  __device__ __forceinline__ uint32_t slot(const AttentionParams& p, const AttnBlock& w) const {
+    if (t >= w.k_end) return kRowNone;
+    if (t >= w.prefix) return kRowTree;
+    return (page << p.page_shift) | (static_cast<uint32_t>(t) & ((1u << p.page_shift) - 1));
+  }
+};
+
 // base + row * bytes as one 32 x 32 -> 64-bit multiply-add (mad.wide.u32).
 template <typename T>
 __device__ __forceinline__ const T* row_address(const T* base, uint32_t row, uint32_t bytes) {
@@ -134,27 +152,15 @@ __device__ __forceinline__ void ws_produce(const AttentionParams& p, const AttnB
   // Row strides in bytes (under 4 GiB: the host checks).
   const uint32_t k_row = static_cast<uint32_t>(p.kc_s0 * sizeof(T));
   const uint32_t v_row = static_cast<uint32_t>(p.vc_s0 * sizeof(T));
-  const uint32_t in_page = (1u << p.page_shift) - 1;
-  const long long pool_end = min(w.k_end, w.prefix);  // keys past it are not the pool's
-  auto page_of = [&](long long t) {
-    return tid < KT && t < pool_end ? page_at(p, w.start + (t >> p.page_shift)) : 0u;
-  };
-  auto row_of = [&](long long t, uint32_t page) {
-    if (t >= w.k_end) return kRowNone;
-    if (t >= w.prefix) return kRowTree;
-    return (page << p.page_shift) | (static_cast<uint32_t>(t) & in_page);
-  };
-  long long t_next = w.k_begin + tid;
-  uint32_t page_next = page_of(t_next);
+  NextKey next(p, w, w.k_begin + tid, tid < KT);
   int i = 0;
   for (long long kt = w.k_begin; kt < w.k_end; kt += KT, ++i) {
     const int st = i % ST;
     // The producer warpgroup's barrier: the last tile's rows are read, then these posted.
     asm volatile("bar.sync 1, 128;\n" ::: "memory");
-    if (tid < KT) st_shared_u32(rows + tid, row_of(t_next, page_next));
+    if (tid < KT) st_shared_u32(rows + tid, next.slot(p, w));
     asm volatile("bar.sync 1, 128;\n" ::: "memory");
-    t_next = kt + KT + tid;
-    page_next = page_of(t_next);
+    next = NextKey(p, w, kt + KT + tid, tid < KT);
     if (i >= ST) mbar_wait(empty + st, ((i / ST) & 1) ^ 1);
     T* ks = kbuf + st * Tile::kK + at;
     T* vs = vbuf + st * Tile::kV + at;
