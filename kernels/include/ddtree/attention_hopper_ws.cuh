@@ -71,14 +71,6 @@ __device__ __forceinline__ void regs_up() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
-__device__ __forceinline__ void st_shared_u64(long long* p, long long v) {
-  asm volatile("st.shared.u64 [%0], %1;\n" ::"r"(smem_addr(p)), "l"(v) : "memory");
-}
-__device__ __forceinline__ long long ld_shared_u64(const long long* p) {
-  long long v;
-  asm volatile("ld.shared.u64 %0, [%1];\n" : "=l"(v) : "r"(smem_addr(p)) : "memory");
-  return v;
-}
 __device__ __forceinline__ void st_shared_u32(uint32_t* p, uint32_t v) {
   asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(smem_addr(p)), "r"(v) : "memory");
 }
