@@ -5,7 +5,8 @@
 # Logs go to $OUT. STEPS selects parts: "tests portable sanitize bench loop attention" (default:
 # all; "portable" re-runs the attention tests, and "attention-portable" the attention bench,
 # through the portable kernel that compute capability 9.0 otherwise skips;
-# "host" times the host side of each Stepper call; "hunt" adds issue 12's long top-k tie
+# "host" times the host side of each Stepper call; "parts" breaks one attention shape's
+# call into its kernels and gaps (PARTS_ARGS: family bs N prefixes); "hunt" adds issue 12's long top-k tie
 # search, HUNT_SECONDS long);
 # PYTEST_K (a -k expression), BENCH_ARGS, LOOP_ARGS and ATTN_ARGS narrow the tests and
 # benchmarks; WHEELS names the folder the wheel comes from (default wheels/; another, such
@@ -61,6 +62,11 @@ for step in $STEPS; do
         limit python3 -m ddtree bench --attention ${ATTN_ARGS:-} >"$OUT/bench-attention.txt" 2>&1 \
             || status=1
         cat "$OUT/bench-attention.txt" ;;
+    parts)
+        # Where one shape's call spends its time: eager, graph replay, host, per kernel.
+        limit python3 tests/gpu_attention_parts.py ${PARTS_ARGS:-gqa 1 64 128 4096 65536} \
+            >>"$OUT/attention-parts.txt" 2>&1 || status=1
+        cat "$OUT/attention-parts.txt" ;;
     attention-portable)
         limit env DDTREE_ATTENTION=portable python3 -m ddtree bench --attention ${ATTN_ARGS:-} \
             >"$OUT/bench-attention-portable.txt" 2>&1 || status=1

@@ -4,7 +4,7 @@
 //! [`AttentionParams`] by value.
 
 use crate::device::enter_device;
-use crate::{launch, CudaError, Params};
+use crate::{launch, launch_dependent, CudaError, Params};
 use cudarc::driver::sys::{self, CUstream};
 
 /// The kernels' argument struct, field for field (`AttentionParams` in attention.cuh, whose
@@ -389,12 +389,13 @@ pub fn resident_blocks(
     Ok(Some((v, (sms.max(1) * per_sm.max(1)) as usize)))
 }
 
-/// Blocks per request of the index check: about 2048 pages each (eight a thread) when the
-/// pages of `num_indices` are shared evenly by `bs` requests, from 1 to 128. A function of
-/// the shapes alone, so that graph replays keep their geometry.
+/// Blocks per request of the index check: about 512 pages each (two a thread, so that a
+/// thread's loads are one round trip to memory) when the pages of `num_indices` are shared
+/// evenly by `bs` requests, from 1 to 512 (past 256k pages a thread takes more). A function
+/// of the shapes alone, so that graph replays keep their geometry.
 pub fn check_blocks(num_indices: i64, bs: i32) -> u32 {
     let per_request = num_indices.max(0) as u64 / bs.max(1) as u64;
-    per_request.div_ceil(2048).clamp(1, 128) as u32
+    per_request.div_ceil(512).clamp(1, 512) as u32
 }
 
 /// Warps a block of the merge has (`kMergeWarps` in attention.cuh), each merging 64 value
@@ -490,8 +491,11 @@ pub unsafe fn tree_attention(
     let grid = ((row_tiles * dv_chunks) as u32, p.splits as u32, z);
     let mut args = Params::new();
     args.arg(&p);
-    launch(
-        "cuLaunchKernel(attention)",
+    // The attention and the merge start while the grid before them runs (each waits for
+    // its results in the kernel): the attention's blocks load their queries during the
+    // check, and neither waits out a launch gap.
+    launch_dependent(
+        "cuLaunchKernelEx(attention)",
         f,
         grid,
         (32 * v.warps) as u32,
@@ -505,8 +509,8 @@ pub unsafe fn tree_attention(
         let blocks = items.div_ceil(MERGE_WARPS) as u32;
         let mut args = Params::new();
         args.arg(&p);
-        launch(
-            "cuLaunchKernel(attention_merge)",
+        launch_dependent(
+            "cuLaunchKernelEx(attention_merge)",
             dev.attention_merge[usize::from(f16)],
             (blocks, z, 1),
             32 * MERGE_WARPS as u32,
@@ -702,11 +706,11 @@ mod tests {
 
     #[test]
     fn the_check_spreads_a_long_prefix_over_blocks() {
-        assert_eq!(check_blocks(65536, 1), 32);
-        assert_eq!(check_blocks(65536 * 8, 8), 32);
+        assert_eq!(check_blocks(65536, 1), 128);
+        assert_eq!(check_blocks(65536 * 8, 8), 128);
         assert_eq!(check_blocks(100, 4), 1);
         assert_eq!(check_blocks(0, 1), 1);
-        assert_eq!(check_blocks(1 << 30, 1), 128);
+        assert_eq!(check_blocks(1 << 30, 1), 512);
     }
 
     #[test]

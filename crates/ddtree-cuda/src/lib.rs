@@ -29,7 +29,7 @@ pub mod kernels {
 }
 
 use cudarc::driver::result::{self, DriverError};
-use cudarc::driver::sys::{CUfunction, CUstream};
+use cudarc::driver::sys::{self, CUfunction, CUstream};
 use device::{device, enter_device, Device};
 use launch::{BuildShape, CANDIDATE_THREADS, EMIT_THREADS};
 use params::{BuildParams, MaskParams};
@@ -182,6 +182,44 @@ pub(crate) unsafe fn launch(
     params: &mut Params,
 ) -> Result<(), CudaError> {
     result::launch_kernel(f, grid, (block, 1, 1), smem as u32, stream, &mut params.0)
+        .map_err(|e| CudaError::driver(call, e))
+}
+
+/// [`launch`] as a programmatic dependent launch: the grid may start while the grid before
+/// it in the stream still runs, so that the gap between two launches is hidden (its kernel
+/// waits for that grid's results with `griddepcontrol.wait`, and that grid lets it start
+/// with `griddepcontrol.launch_dependents`). Stream capture records it as a programmatic
+/// edge of the graph.
+///
+/// # Safety
+/// As [`launch`]; `f` must wait (`griddepcontrol.wait`) before it reads anything the grid
+/// before it writes.
+pub(crate) unsafe fn launch_dependent(
+    call: &'static str,
+    f: CUfunction,
+    grid: (u32, u32, u32),
+    block: u32,
+    smem: usize,
+    stream: CUstream,
+    params: &mut Params,
+) -> Result<(), CudaError> {
+    let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let config = sys::CUlaunchConfig {
+        gridDimX: grid.0,
+        gridDimY: grid.1,
+        gridDimZ: grid.2,
+        blockDimX: block,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: smem as u32,
+        hStream: stream,
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    sys::cuLaunchKernelEx(&config, f, params.as_mut_ptr(), std::ptr::null_mut())
+        .result()
         .map_err(|e| CudaError::driver(call, e))
 }
 

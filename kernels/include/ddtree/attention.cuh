@@ -95,6 +95,18 @@ __device__ __forceinline__ long long attn_indptr(const AttentionParams& p, int b
                    : static_cast<const int*>(p.kv_indptr)[b];
 }
 
+// Programmatic dependent launch (the launcher's attribute on the attention and the merge):
+// a grid so launched may start while the grid before it in the stream runs, and must wait
+// here before it reads what that grid writes. A plain launch returns at once.
+__device__ __forceinline__ void wait_prior_grid() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+// Lets the next grid in the stream (launched as above) start now: it waits for this one's
+// results itself.
+__device__ __forceinline__ void start_next_grid() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
 // Stage 0, gridDim.x blocks per request: every page the prefix uses lies in the request's
 // list and in kv_indices, and every slot it addresses in the pool; else
 // kStatusSlotOutOfRange, and the attention kernels skip the request (its output rows keep
@@ -102,6 +114,7 @@ __device__ __forceinline__ long long attn_indptr(const AttentionParams& p, int b
 // among its share (pages blockIdx.x * blockDim.x + threadIdx.x, a grid's width apart)
 // overwrites it, so that a long prefix's pages are checked by many blocks at once.
 __device__ void attention_check(const AttentionParams& p, int b) {
+  start_next_grid();  // the attention's blocks load their queries meanwhile
   const long long len = p.prefix_lens[b];
   const int ps = 1 << p.page_shift;
   const long long start = attn_indptr(p, b), end = attn_indptr(p, b + 1);
@@ -109,6 +122,7 @@ __device__ void attention_check(const AttentionParams& p, int b) {
   int bad = len < 0 || start < 0 || start + pages > end || start + pages > p.num_indices;
   if (!bad) {
     const long long width = static_cast<long long>(gridDim.x) * blockDim.x;
+#pragma unroll 2  // a thread's two pages (check_blocks) in one round trip
     for (long long i = blockIdx.x * blockDim.x + threadIdx.x; i < pages; i += width) {
       const long long used = i + 1 < pages ? ps : len - (i << p.page_shift);
       const long long page = attn_index(p, start + i);
@@ -244,26 +258,42 @@ struct AttnBlock {
   int z, b, g, group, m_rows, col0, row0, dv_here;
   long long prefix, k_begin, k_end, start;
 };
-// Fills w; false (and w half-filled) when the request failed its index check, so that the
-// block has nothing to do.
-__device__ __forceinline__ bool attn_block(const AttentionParams& p, int bm, int dvb,
+// The block's place in the call (from blockIdx and the shapes alone, nothing read): w's
+// request, KV head, rows and value columns. The merge may launch from here on: it only
+// starts once every block has passed this point (so it never holds an SM a block of this
+// grid still needs) and waits for the partials itself.
+__device__ __forceinline__ void attn_place(const AttentionParams& p, int bm, int dvb,
                                            AttnBlock& w) {
+  start_next_grid();
   w.z = blockIdx.z;
   w.b = w.z / p.hkv;
   w.g = w.z % p.hkv;
-  if (p.status[w.b] != kStatusOk) return false;
   w.group = p.hq / p.hkv;
   w.m_rows = p.q_nodes * w.group;
   w.col0 = (blockIdx.x % p.dv_chunks) * dvb;
   w.row0 = (blockIdx.x / p.dv_chunks) * bm;
+  w.dv_here = min(dvb, p.dv - w.col0);
+}
+// The rest of w, once the index check's status is visible: the request's prefix, page list
+// and this split's keys [k_begin, k_end) of its P + Q. The three reads go out together.
+// False when the request failed its check (the block has nothing to do).
+__device__ __forceinline__ bool attn_keys(const AttentionParams& p, AttnBlock& w) {
+  wait_prior_grid();
+  const int status = p.status[w.b];
   w.prefix = p.prefix_lens[w.b];
+  w.start = attn_indptr(p, w.b);
+  if (status != kStatusOk) return false;
   const long long total = w.prefix + p.q_nodes;
   const long long per = (total + p.splits - 1) / p.splits;
   w.k_begin = blockIdx.y * per;
   w.k_end = min(total, w.k_begin + per);
-  w.start = attn_indptr(p, w.b);
-  w.dv_here = min(dvb, p.dv - w.col0);
   return true;
+}
+// Both of the above: false (and w half-filled) when the request failed its index check.
+__device__ __forceinline__ bool attn_block(const AttentionParams& p, int bm, int dvb,
+                                           AttnBlock& w) {
+  attn_place(p, bm, dvb, w);
+  return attn_keys(p, w);
 }
 
 // Scores of one tile of NT * 8 keys starting at key kt, in the m16n8 accumulator layout
@@ -432,6 +462,8 @@ __device__ __forceinline__ RowsOut rows_out(const AttentionParams& p, const Attn
   for (int h = 0; h < 2; ++h) {
     const int node = min(out.rows_of[h], w.m_rows - 1) / w.group;
     bits_of[h] = p.ancestor_bits + (static_cast<long long>(w.b) * p.q_nodes + node) * p.words;
+    // Into L2 now, so that the tile of tree keys (the last) does not wait on memory for them.
+    asm volatile("prefetch.L2 [%0];\n" ::"l"(bits_of[h]));
   }
   return out;
 }
@@ -653,6 +685,7 @@ constexpr int kMergeWarps = 4;
 template <typename T>
 __device__ void attention_merge(const AttentionParams& p) {
   const int z = blockIdx.y, b = z / p.hkv, g = z % p.hkv;
+  wait_prior_grid();  // the attention's partials
   if (p.status[b] != kStatusOk) return;
   const int group = p.hq / p.hkv, m_rows = p.q_nodes * group, chunks = (p.dv + 63) / 64;
   const int item = blockIdx.x * kMergeWarps + threadIdx.x / 32, lane = threadIdx.x % 32;

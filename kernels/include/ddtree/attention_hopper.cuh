@@ -134,7 +134,10 @@ __device__ __forceinline__ void pv_issue(float* acc, const uint32_t (&pa)[NT][2]
 }
 
 // The block's BM query rows (rows w.row0 .. of M) into Q's swizzled buffer by kThreads
-// threads (threads first .. of the block) in 16-byte chunks, zero past M and past dqk.
+// threads (threads first .. of the block) in 16-byte cp.async copies, zero past M and past
+// dqk: every copy of a thread is in flight at once (a load-and-store loop would wait for
+// each in turn: its stores could alias the next load). Not committed; the caller commits,
+// waits and fences before the tensor cores read Q.
 template <typename T, int D, int BM, int kThreads>
 __device__ __forceinline__ void load_q_swizzled(const AttentionParams& p, const AttnBlock& w,
                                                 T* qs, int first = 0) {
@@ -142,9 +145,8 @@ __device__ __forceinline__ void load_q_swizzled(const AttentionParams& p, const 
   for (int i = threadIdx.x - first; i < BM * KC; i += kThreads) {
     const int r = i / KC, c = i % KC;
     const T* src = query_row<T>(p, w.b, w.g, w.row0 + r, w.group, w.m_rows);
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (src != nullptr && c * 8 < p.dqk) v = *reinterpret_cast<const uint4*>(src + c * 8);
-    *reinterpret_cast<uint4*>(qs + swizzled(r, c, BM)) = v;
+    const bool valid = src != nullptr && c * 8 < p.dqk;
+    cp_async16(qs + swizzled(r, c, BM), valid ? src + c * 8 : static_cast<const T*>(p.q), valid);
   }
 }
 
@@ -232,6 +234,7 @@ __device__ void attention_block_hopper(const AttentionParams& p, unsigned char* 
   stage_pages(k_begin + KT, 1);
   cp_async_commit();
   load_q_swizzled<T, D, BM, Tile::kThreads>(p, w, qs);
+  cp_async_commit();  // the first tile's wait (all groups) covers Q's copies too
 
   // This thread's two rows (the m64 accumulator layout: warp w of the warpgroup holds rows
   // 16 w .. 16 w + 15, as mma.sync's m16 per warp) and their tree nodes.

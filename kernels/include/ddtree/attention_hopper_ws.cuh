@@ -219,23 +219,35 @@ __device__ void attention_block_ws(const AttentionParams& p, unsigned char* smem
   uint32_t* rows = reinterpret_cast<uint32_t*>(empty + ST);  // [KT] a tile's pool slots
 
   AttnBlock w;
-  if (!attn_block(p, BM, DV, w)) return;
+  attn_place(p, BM, DV, w);
   const int tid = threadIdx.x, wg = tid / 128;
+  // Q by the consumers, first: it needs no index check, so that its copies are in flight
+  // while the check runs (the launch lets this grid start during it) and the producer
+  // gathers the first tiles.
+  if (wg > 0) {
+    load_q_swizzled<T, D, BM, 256>(p, w, qs, 128);
+    cp_async_commit();
+  }
+  if (!attn_keys(p, w)) {
+    cp_async_wait<0>();  // nothing in flight at exit
+    return;
+  }
   if (tid == 0) {
     for (int s = 0; s < ST; ++s) {
       mbar_init(full + s, 128);  // each producer thread's copies
       mbar_init(empty + s, 8);   // each consumer warp
     }
   }
-  load_q_swizzled<T, D, BM, Tile::kThreads>(p, w, qs);  // by all three warpgroups
-  fence_async_shared();  // Q's stores to the tensor cores
-  __syncthreads();       // ...and the barriers' initialisation to every thread
+  __syncthreads();  // the barriers' initialisation to every thread
   if (wg == 0) {
     regs_down<Tile::kProducerRegs>();
     ws_produce<T, D, DV, KT, ST>(p, w, kbuf, vbuf, rows, full, empty);
     return;
   }
   regs_up<Tile::kConsumerRegs>();
+  cp_async_wait<0>();
+  fence_async_shared();  // Q's copies to the tensor cores
+  asm volatile("bar.sync 4, 256;\n" ::: "memory");  // ...of both consumers' threads
 
   const int cw = wg - 1, warp = (tid % 128) / 32, lane = tid % 32;
   const int gr = lane >> 2, gc = lane & 3;
