@@ -35,6 +35,19 @@ def test_cpu_path_equals_the_dense_reference(case, dtype):
     assert float((lse.double() - want_lse).abs().max()) < 1e-4
 
 
+@pytest.mark.parametrize("sm_scale", [0.0, -0.07])
+@pytest.mark.parametrize("mla", [False, True])
+def test_a_zero_or_negative_scale_equals_the_dense_reference(mla, sm_scale):
+    # The API takes any finite scale: 0 weighs every visible key alike, a negative one
+    # favours the smallest scores.
+    shape = {"mla": True, "hq": 8, "dqk": 576} if mla else {"hq": 8, "hkv": 2, "dqk": 64}
+    c = dict(make_case(dtype=torch.float32, prefix=(0, 40), bs=2, **shape), sm_scale=sm_scale)
+    out, lse = ddtree.tree_attention(**c, return_lse=True)
+    want, want_lse = dense_reference(c)
+    assert rel_l2(out, want) < 1e-6
+    assert float((lse.double() - want_lse).abs().max()) < 1e-4
+
+
 def test_out_is_written_in_place_and_inputs_are_untouched():
     c = make_case()
     before = {k: v.clone() for k, v in c.items() if isinstance(v, torch.Tensor)}

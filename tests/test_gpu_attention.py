@@ -85,6 +85,25 @@ def test_v_equal_to_all_of_k_takes_a_tile_that_covers_its_576_columns(prefix):
     check(c, "v = k")
 
 
+@pytest.mark.parametrize("sm_scale", [0.0, -0.07])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        {"mla": True, "hq": 16, "dqk": 576},
+        {"hq": 8, "hkv": 2, "dqk": 64},
+        {"hq": 8, "hkv": 2, "dqk": 128},
+        {"hq": 8, "hkv": 2, "dqk": 256},
+    ],
+    ids=["mla", "d64", "d128", "d256"],
+)
+def test_a_zero_or_negative_scale_equals_the_dense_reference(shape, sm_scale):
+    # Any finite scale (the API's contract): a kernel that took the maximum of the raw
+    # scores for that of the scaled ones would weigh the wrong keys most, and 0 times a
+    # masked key's -inf is NaN.
+    c = make_case(device=DEV, prefix=(0, 300), bs=2, budget=31, seed=3, **shape)
+    check(dict(c, sm_scale=sm_scale), sm_scale)
+
+
 @pytest.mark.parametrize("chunk", range(6))
 def test_random_cases_equal_the_dense_reference(chunk):
     """6 x 55 = 330 random cases."""

@@ -250,6 +250,30 @@ impl Variant {
         fast.or_else(|| Self::for_head_dim(dqk, dv, v_in_k))
     }
 
+    /// Whether the tile folds the score scale into its exponentials, taking the maximum of
+    /// the raw scores for that of the scaled ones: right for a positive scale only (0 times
+    /// a masked key's -inf is NaN; a negative scale reverses the order). The Hopper MLA tile
+    /// does (`mla_softmax`); the others scale the scores first.
+    pub fn folds_scale(&self) -> bool {
+        self.hopper && self.v_in_k
+    }
+
+    /// [`Variant::for_call`] for a call whose scores are scaled by `scale_log2`: a tile
+    /// that folds the scale serves a positive one only, else the portable tile does.
+    pub fn for_scaled_call(
+        hopper: bool,
+        dqk: usize,
+        dv: usize,
+        v_in_k: bool,
+        scale_log2: f32,
+    ) -> Option<(usize, Variant)> {
+        let positive = scale_log2 > 0.0; // false for NaN too
+        match Self::for_call(hopper, dqk, dv, v_in_k) {
+            Some((_, v)) if v.folds_scale() && !positive => Self::for_call(false, dqk, dv, v_in_k),
+            pick => pick,
+        }
+    }
+
     fn in_table(
         table: &[Variant],
         dqk: usize,
@@ -446,7 +470,9 @@ pub unsafe fn tree_attention(
     let (dev, _ctx) = enter_device(ordinal)?;
     let hopper = dev.attention_hopper.is_some();
     let dv = p.dv as usize;
-    let Some((index, v)) = Variant::for_call(hopper, dqk, dv, v_in_k && p.dv <= p.dqk) else {
+    let v_in_k = v_in_k && p.dv <= p.dqk;
+    let Some((index, v)) = Variant::for_scaled_call(hopper, dqk, dv, v_in_k, p.sm_scale_log2)
+    else {
         return Err(CudaError::arg(format!(
             "q: head dim {dqk} exceeds the largest compiled tile ({})",
             VARIANTS[VARIANTS.len() - 1].d
@@ -702,6 +728,20 @@ mod tests {
             .unwrap_err()
             .to_string()
             .starts_with("k_cache: a row stride"));
+    }
+
+    #[test]
+    fn only_a_positive_scale_takes_the_tile_that_folds_it() {
+        let pick = |dqk, dv, vk, scale| {
+            let (_, v) = Variant::for_scaled_call(true, dqk, dv, vk, scale).unwrap();
+            (v.name, v.hopper)
+        };
+        assert_eq!(pick(576, 512, true, 0.06), ("d576vk", true));
+        for scale in [0.0, -0.06, f32::NAN] {
+            assert_eq!(pick(576, 512, true, scale), ("d576vk", false));
+            assert_eq!(pick(128, 128, false, scale), ("d128", true));
+            assert_eq!(pick(256, 256, false, scale), ("d256", true));
+        }
     }
 
     #[test]
