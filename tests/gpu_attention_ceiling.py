@@ -42,7 +42,7 @@ def main() -> None:
         ):
             try:
                 with sdpa_kernel(backend):
-                    us = median_us(lambda: F.scaled_dot_product_attention(q, k, v))
+                    us = median_us(lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v))
                 print(f"Lq={lq} Lk={lk} {name}: {us:.0f} µs, {flops / us / 1e6:.0f} TFLOP/s")
             except RuntimeError as e:  # a backend refusing the shape
                 print(f"Lq={lq} Lk={lk} {name}: n/a ({str(e).splitlines()[0][:80]})")
