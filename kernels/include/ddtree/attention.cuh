@@ -676,25 +676,47 @@ __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
 // Warps a block of the merge has: each merges 64 value columns of one query row.
 constexpr int kMergeWarps = 4;
 
+// A float2 of the workspace, loaded whatever is done with it: a plain load whose value is
+// only used under a condition may be turned into a load under that condition, which would
+// wait for what the condition waits for.
+__device__ __forceinline__ float2 load_float2(const float* p) {
+  float2 v;
+  asm volatile("ld.global.cg.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "l"(p));
+  return v;
+}
+
 // The splits' partial results merged by their log-sum-exp into out (and lse). Warp item
 // blockIdx.x * kMergeWarps + warp takes 64 value columns (a pair per lane) of one row of M
 // (blockIdx.y: b*Hkv+g), so that a long row still spreads over many warps. Lane s reads
 // split s's (m, l), so the weights take one round trip; the lanes then sum their pairs over
-// the splits, eight splits' loads in flight at once. A split with m = -inf (no key) has
-// weight 0.
+// the splits, eight splits a batch. The status, the (m, l) pairs and the first batch's
+// partials are loaded together, one round trip to memory, before anything waits on them.
+// A split with m = -inf (no key) has weight 0.
 template <typename T>
 __device__ void attention_merge(const AttentionParams& p) {
   const int z = blockIdx.y, b = z / p.hkv, g = z % p.hkv;
-  wait_prior_grid();  // the attention's partials
-  if (p.status[b] != kStatusOk) return;
   const int group = p.hq / p.hkv, m_rows = p.q_nodes * group, chunks = (p.dv + 63) / 64;
   const int item = blockIdx.x * kMergeWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
   const int row = item / chunks, c = (item % chunks) * 64 + 2 * lane;
   if (row >= m_rows) return;
   const long long stride = static_cast<long long>(p.bs) * p.hkv * m_rows * (p.dv + 2);
   const float* part = p.part + (static_cast<long long>(z) * m_rows + row) * (p.dv + 2);
+  wait_prior_grid();  // the attention's partials
+  const int status = p.status[b];
   const float ms = lane < p.splits ? part[lane * stride + p.dv] : -INFINITY;
   const float ls = lane < p.splits ? part[lane * stride + p.dv + 1] : 0.0f;
+  constexpr int kBatch = 8;
+  // A batch of splits' pairs of this lane's columns (a split's rows lie in the workspace, so
+  // any split below p.splits may be read; a weight-0 split's stale values are selected away).
+  float2 x[kBatch];
+  auto load_batch = [&](int s0) {
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j)
+      x[j] = c < p.dv && s0 + j < p.splits ? load_float2(part + (s0 + j) * stride + c)
+                                           : make_float2(0.0f, 0.0f);
+  };
+  load_batch(0);
+  if (status != kStatusOk) return;
   float m = ms;
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
@@ -702,19 +724,19 @@ __device__ void attention_merge(const AttentionParams& p) {
   float l = w * ls;
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+  float2 v = make_float2(0.0f, 0.0f);
+  for (int s0 = 0; s0 < p.splits; s0 += kBatch) {  // at most 32 splits: lanes s0 + j < 32
+    if (s0 > 0) load_batch(s0);
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const float ws = __shfl_sync(0xffffffffu, w, s0 + j);  // 0 past the splits
+      v.x = ws > 0.0f ? fmaf(ws, x[j].x, v.x) : v.x;
+      v.y = ws > 0.0f ? fmaf(ws, x[j].y, v.y) : v.y;
+    }
+  }
   const int node = row / group, head = g * group + row % group;
   const long long qrow = static_cast<long long>(b) * p.q_nodes + node;
   if (c < p.dv) {  // a pair of columns (a partial row is dv + 2 floats: 8-byte aligned)
-    float2 v = make_float2(0.0f, 0.0f);
-#pragma unroll 8
-    for (int s = 0; s < p.splits; ++s) {
-      // Read whatever the weight (a split's rows lie in the workspace), so that the loads
-      // of eight splits go out together; a weight-0 split's stale values are selected away.
-      const float ws = __shfl_sync(0xffffffffu, w, s);
-      const float2 x = *reinterpret_cast<const float2*>(part + s * stride + c);
-      v.x = ws > 0.0f ? fmaf(ws, x.x, v.x) : v.x;
-      v.y = ws > 0.0f ? fmaf(ws, x.y, v.y) : v.y;
-    }
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
     T* o = static_cast<T*>(p.out) + qrow * p.o_s0 + head * p.o_s1;
     o[c] = from_f32<T>(v.x * inv);
