@@ -6,8 +6,8 @@
 # all; "portable" re-runs the attention tests, and "attention-portable" the attention bench,
 # through the portable kernel that compute capability 9.0 otherwise skips;
 # "host" times the host side of each Stepper call; "parts" breaks one attention shape's
-# call into its kernels and gaps (PARTS_ARGS: family bs N prefixes); "hunt" adds issue 12's long top-k tie
-# search, HUNT_SECONDS long);
+# call into its kernels and gaps (PARTS_ARGS: family bs N prefixes); "hunt" adds issue
+# 12's long top-k tie search, HUNT_SECONDS long);
 # PYTEST_K (a -k expression), BENCH_ARGS, LOOP_ARGS and ATTN_ARGS narrow the tests and
 # benchmarks; WHEELS names the folder the wheel comes from (default wheels/; another, such
 # as wheels_base/, lets one call compare two builds).
