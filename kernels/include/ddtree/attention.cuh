@@ -190,15 +190,15 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, const void* p) {
                : "r"(s));
 }
 
-// Copies `n` elements (a multiple of 8) from src to a shared row of `width`, zero-filling
-// the rest, in 16-byte words; `lane`/`lanes` spread the words over threads.
+// A row of n valid elements (zeros past them, and the whole row when src is null) into dst,
+// `width` elements, by `lanes` threads from `lane`, as 16-byte cp.async copies: all of a
+// thread's in flight at once (a load-and-store loop waits for each). Not committed.
 template <typename T>
-__device__ __forceinline__ void load_row(T* dst, const T* src, int n, int width, int lane,
-                                         int lanes) {
+__device__ __forceinline__ void copy_row_async(T* dst, const T* src, const T* any, int n,
+                                               int width, int lane, int lanes) {
   for (int c = lane * 8; c < width; c += lanes * 8) {
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (src != nullptr && c < n) v = *reinterpret_cast<const uint4*>(src + c);
-    *reinterpret_cast<uint4*>(dst + c) = v;
+    const bool valid = src != nullptr && c < n;
+    cp_async16(dst + c, valid ? src + c : any, valid);  // any: an address never read
   }
 }
 
@@ -572,6 +572,11 @@ __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
     cp_async_commit();
   };
 
+  // The block's query rows: (node, head) pairs, zero rows past M; their copies go in the
+  // first tile's group.
+  for (int r = warp; r < BM; r += kWarps)
+    copy_row_async(qs + r * QS, query_row<T>(p, b, g, row0 + r, group, m_rows),
+                   static_cast<const T*>(p.q), p.dqk, D, lane, 32);
   // The first ST - 1 tiles go in flight (an empty commit group keeps the count uniform).
 #pragma unroll
   for (int i = 0; i < ST - 1; ++i) {
@@ -581,9 +586,6 @@ __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
     else
       cp_async_commit();
   }
-  // The block's query rows: (node, head) pairs, zero rows past M.
-  for (int r = warp; r < BM; r += kWarps)
-    load_row(qs + r * QS, query_row<T>(p, b, g, row0 + r, group, m_rows), p.dqk, D, lane, 32);
   // This thread's two rows of the warp's 16 and their tree nodes (for the ancestor bits).
   const int* bits_of[2];
   const RowsOut out = rows_out(p, w, rw * 16 + gr, bits_of);
@@ -669,6 +671,7 @@ __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
       }
     }
   }
+  cp_async_wait<0>();  // nothing in flight at exit (Q's copies, when the split had no tile)
   sm.finish();
   write_rows<T>(p, out, acc, sm, wcol, gc);
 }
