@@ -518,8 +518,8 @@ pub unsafe fn tree_attention(
     let mut args = Params::new();
     args.arg(&p);
     // The attention and the merge start while the grid before them runs (each waits for
-    // its results in the kernel): the attention's blocks load their queries during the
-    // check, and neither waits out a launch gap.
+    // its results in the kernel): the Hopper d64/d128 and MLA blocks copy their queries
+    // during the check, and neither launch waits out a gap.
     launch_dependent(
         "cuLaunchKernelEx(attention)",
         f,

@@ -114,7 +114,7 @@ __device__ __forceinline__ void start_next_grid() {
 // among its share (pages blockIdx.x * blockDim.x + threadIdx.x, a grid's width apart)
 // overwrites it, so that a long prefix's pages are checked by many blocks at once.
 __device__ void attention_check(const AttentionParams& p, int b) {
-  start_next_grid();  // the attention's blocks load their queries meanwhile
+  start_next_grid();  // the attention's blocks may start (and some copy their queries)
   const long long len = p.prefix_lens[b];
   const int ps = 1 << p.page_shift;
   const long long start = attn_indptr(p, b), end = attn_indptr(p, b + 1);

@@ -280,6 +280,7 @@ __device__ void attention_block_hopper(const AttentionParams& p, unsigned char* 
     wgmma::wait<0>();  // the stage is free for the refill after the next barrier
     fence_all(acc);
   }
+  cp_async_wait<0>();  // nothing in flight at exit (Q's copies, when the split had no tile)
   sm.finish();
   write_rows<T>(p, out, acc, sm, 0, gc);
 }
