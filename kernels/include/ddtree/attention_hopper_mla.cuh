@@ -246,18 +246,8 @@ __device__ void attention_block_mla(const AttentionParams& p, unsigned char* sme
 
   AttnBlock w;
   attn_place(p, Tile::BM, Tile::DV, w);
-  const bool consumer = threadIdx.x >= 128;
-  // Q by the consumers, first: it needs no index check, so that its copies are in flight
-  // while the check runs (the launch lets this grid start during it) and the producer
-  // gathers the first tiles.
-  if (consumer) {
-    load_q_swizzled<T, Tile::D, Tile::BM, 256>(p, w, qs, 128);
-    cp_async_commit();
-  }
-  if (!attn_keys(p, w)) {
-    cp_async_wait<0>();  // nothing in flight at exit
-    return;
-  }
+  if (threadIdx.x >= 128) consumers_copy_q<T, Tile::D, Tile::BM>(p, w, qs);
+  if (!attn_keys_after_q(p, w)) return;
   const int tiles =
       w.k_end > w.k_begin ? static_cast<int>((w.k_end - w.k_begin + KT - 1) / KT) : 0;
   const int rounds = (tiles + 1) / 2;  // an odd last tile pairs with one past the split
@@ -277,9 +267,7 @@ __device__ void attention_block_mla(const AttentionParams& p, unsigned char* sme
     return;
   }
   regs_up<Tile::kConsumerRegs>();
-  cp_async_wait<0>();
-  fence_async_shared();  // Q's copies to the tensor cores
-  bar_sync(kQ);
+  consumers_await_q<kQ>();
 
   const int cw = wg - 1, warp = (tid % 128) / 32, lane = tid % 32;
   const int gr = lane >> 2, gc = lane & 3, r = warp * 16 + gr;

@@ -117,6 +117,31 @@ __device__ __forceinline__ const T* row_address(const T* base, uint32_t row, uin
   return reinterpret_cast<const T*>(a);
 }
 
+// Q's copies by the two consumer warpgroups (threads 128 ..), issued before anything waits
+// on the index check (Q needs none), so that they are in flight while the check runs (the
+// launch lets this grid start during it) and the producer gathers the first tiles.
+template <typename T, int D, int BM>
+__device__ __forceinline__ void consumers_copy_q(const AttentionParams& p, const AttnBlock& w,
+                                                 T* qs) {
+  load_q_swizzled<T, D, BM, 256>(p, w, qs, 128);
+  cp_async_commit();
+}
+// attn_keys for a block whose consumers have issued Q's copies: false, with nothing left in
+// flight, when the request failed its check.
+__device__ __forceinline__ bool attn_keys_after_q(const AttentionParams& p, AttnBlock& w) {
+  if (attn_keys(p, w)) return true;
+  cp_async_wait<0>();  // nothing in flight at exit
+  return false;
+}
+// A consumer thread's wait for Q (consumers_copy_q): its own copies landed and handed to
+// the tensor cores, then those of both consumers' threads (named barrier kBarrier).
+template <int kBarrier>
+__device__ __forceinline__ void consumers_await_q() {
+  cp_async_wait<0>();
+  fence_async_shared();
+  asm volatile("bar.sync %0, 256;\n" ::"n"(kBarrier) : "memory");
+}
+
 // The producer: tiles of KT keys from k_begin into the ring, each once its stage is empty.
 // Thread k < KT loads key k's page a tile ahead and, a tile later, once that load has long
 // landed, posts the key's slot (or kRowTree / kRowNone) in `rows` for the warpgroup; so the
@@ -221,17 +246,8 @@ __device__ void attention_block_ws(const AttentionParams& p, unsigned char* smem
   AttnBlock w;
   attn_place(p, BM, DV, w);
   const int tid = threadIdx.x, wg = tid / 128;
-  // Q by the consumers, first: it needs no index check, so that its copies are in flight
-  // while the check runs (the launch lets this grid start during it) and the producer
-  // gathers the first tiles.
-  if (wg > 0) {
-    load_q_swizzled<T, D, BM, 256>(p, w, qs, 128);
-    cp_async_commit();
-  }
-  if (!attn_keys(p, w)) {
-    cp_async_wait<0>();  // nothing in flight at exit
-    return;
-  }
+  if (wg > 0) consumers_copy_q<T, D, BM>(p, w, qs);
+  if (!attn_keys_after_q(p, w)) return;
   if (tid == 0) {
     for (int s = 0; s < ST; ++s) {
       mbar_init(full + s, 128);  // each producer thread's copies
@@ -245,9 +261,7 @@ __device__ void attention_block_ws(const AttentionParams& p, unsigned char* smem
     return;
   }
   regs_up<Tile::kConsumerRegs>();
-  cp_async_wait<0>();
-  fence_async_shared();  // Q's copies to the tensor cores
-  asm volatile("bar.sync 4, 256;\n" ::: "memory");  // ...of both consumers' threads
+  consumers_await_q<4>();
 
   const int cw = wg - 1, warp = (tid % 128) / 32, lane = tid % 32;
   const int gr = lane >> 2, gc = lane & 3;
