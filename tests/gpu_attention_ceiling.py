@@ -6,27 +6,13 @@ FLOP; ddtree's own rates are in ``bench --attention``.
 
 python3 tests/gpu_attention_ceiling.py"""
 
-import statistics
-
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from ddtree.bench_gpu import eager_time_us
+
 HEADS, DIM, REPS = 32, 128, 10
-
-
-def median_us(fn) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(REPS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -42,7 +28,9 @@ def main() -> None:
         ):
             try:
                 with sdpa_kernel(backend):
-                    us = median_us(lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v))
+                    us = eager_time_us(
+                        lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v), REPS
+                    )
                 print(f"Lq={lq} Lk={lk} {name}: {us:.0f} µs, {flops / us / 1e6:.0f} TFLOP/s")
             except RuntimeError as e:  # a backend refusing the shape
                 print(f"Lq={lq} Lk={lk} {name}: n/a ({str(e).splitlines()[0][:80]})")
