@@ -158,3 +158,31 @@ def test_positions_that_would_overflow_int64_are_refused():
 def test_a_cuda_stepper_without_cuda_says_to_pass_cpu():
     with pytest.raises(ValueError, match='device="cpu"'):
         ddtree.Stepper()
+
+
+def test_a_root_outside_the_vocabulary_names_the_last_id():
+    # V = 100: the ids are 0..99, and the message names the last one (both CPU paths: the
+    # functional build checks in Python, the CPU Stepper in Rust).
+    x, _, prefix = args(vocab=100)
+    stepper = ddtree.Stepper(max_batch=2, budget=8, depth=3, vocab=100, device="cpu")
+    for run in (build, stepper.step):
+        for bad in (100, 200, -1):
+            with pytest.raises(ValueError) as e:
+                run(x, torch.tensor([5, bad]), prefix)
+            assert str(e.value) == f"root_tokens: token {bad} is outside the vocabulary 0..99"
+        run(x, torch.tensor([0, 99]), prefix)  # the last id is inside
+
+
+@pytest.mark.parametrize("device", ["cpu", torch.device("cpu"), "meta"])
+def test_an_attention_workspace_is_for_cuda_devices(device):
+    with pytest.raises(ValueError) as e:
+        ddtree.AttentionWorkspace(device, max_batch=2, q_nodes=9, hq=4, hkv=1, dqk=64, dv=64)
+    message = str(e.value)
+    assert message.startswith("device: an AttentionWorkspace is for CUDA devices"), message
+    assert "needs no workspace" in message, message
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_cuda_attention_workspace_without_cuda_says_so():
+    with pytest.raises(ValueError, match="device: .* none is available here"):
+        ddtree.AttentionWorkspace("cuda", max_batch=2, q_nodes=9, hq=4, hkv=1, dqk=64, dv=64)

@@ -67,7 +67,18 @@ class AttentionWorkspace:
     the device's first use."""
 
     def __init__(self, device, *, max_batch, q_nodes, hq, hkv, dqk, dv):
-        self.device = _validate.concrete_device(torch.device(device))
+        device = torch.device(device)
+        if device.type != "cuda" or not torch.cuda.is_available():
+            why = (
+                f"got {str(device)!r}"
+                if device.type != "cuda"
+                else f"{device} needs a CUDA GPU and none is available here"
+            )
+            raise ValueError(
+                f"device: an AttentionWorkspace is for CUDA devices, {why}; tree_attention "
+                "on CPU tensors needs no workspace (leave workspace=None)"
+            )
+        self.device = _validate.concrete_device(device)
         # The split policy and sizes are the Rust crate's (SplitPlan), kept there.
         self._plan = _core.AttentionPlan(self.device.index, max_batch, q_nodes, hq, hkv, dqk, dv)
         self.shape = (q_nodes, hq, hkv, dqk, dv)

@@ -118,7 +118,7 @@ def memory_bytes(device: torch.device) -> int:
 def in_vocab(name: str, x: torch.Tensor, vocab: int) -> None:
     if x.device.type == "cpu" and bool(((x < 0) | (x >= vocab)).any()):
         bad = x[(x < 0) | (x >= vocab)][0].item()
-        raise ValueError(f"{name}: token {bad} is outside the vocabulary 0..{vocab}")
+        raise ValueError(f"{name}: token {bad} is outside the vocabulary 0..{vocab - 1}")
 
 
 def mask_out(out, total: int | None, device: torch.device) -> None:

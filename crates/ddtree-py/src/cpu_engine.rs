@@ -171,7 +171,8 @@ fn tensor_arg(x: &Logits, name: &str) -> PyResult<TensorArg> {
 fn check_roots(roots: &[i64], vocab: usize) -> PyResult<()> {
     match roots.iter().find(|&&t| t < 0 || t as u64 >= vocab as u64) {
         Some(bad) => Err(PyValueError::new_err(format!(
-            "root_tokens: token {bad} is outside the vocabulary 0..{vocab}"
+            "root_tokens: token {bad} is outside the vocabulary 0..{}",
+            vocab.saturating_sub(1)
         ))),
         None => Ok(()),
     }

@@ -60,7 +60,10 @@ fn check_requests(s: &Shape, root_tokens: &[i64], prefix_lens: &[i64]) -> Result
     {
         return Err(crate::ArgError::new(
             "root_tokens",
-            format!("token {t} is outside the vocabulary 0..{}", s.vocab),
+            format!(
+                "token {t} is outside the vocabulary 0..{}",
+                s.vocab.saturating_sub(1)
+            ),
         ));
     }
     if let Some(p) = prefix_lens.iter().find(|&&p| p < 0) {
@@ -214,4 +217,22 @@ fn build_request(
         prefix_len,
     };
     emit(&tree, &mut out.verify);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_root_outside_the_vocabulary_is_named_with_the_last_id() {
+        let s = Shape::new([2, 3, 100], 8, None).unwrap();
+        for bad in [100, 200, -1] {
+            let err = check_requests(&s, &[5, bad], &[0, 0]).unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                format!("root_tokens: token {bad} is outside the vocabulary 0..99")
+            );
+        }
+        assert!(check_requests(&s, &[0, 99], &[0, 0]).is_ok());
+    }
 }
