@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from ddtree import bench, bench_loop
+from ddtree import bench, bench_attention, bench_host, bench_loop
 from ddtree.__main__ import build_parser, main
 
 TINY = ["--bs", "2", "--vocab", "1000", "--budget", "15", "--depth", "4"]
@@ -57,8 +57,14 @@ def test_limits_are_argument_errors(mode, flag, value, capsys):
 
 
 def test_every_flag_has_help():
-    parsers = {"bench": argparse.ArgumentParser(), "loop": bench_loop.parser()}
+    parsers = {
+        "bench": argparse.ArgumentParser(),
+        "loop": bench_loop.parser(),
+        "host": argparse.ArgumentParser(),
+        "attention": bench_attention.parser(),
+    }
     bench.add_arguments(parsers["bench"])
+    bench_host.add_arguments(parsers["host"])
     for name, p in parsers.items():
         for action in p._actions:
             assert action.help, (name, action.option_strings)
@@ -68,6 +74,23 @@ def test_every_flag_has_help():
 def test_top_level_help_names_the_gpu_benchmarks():
     text = " ".join(build_parser().format_help().split())
     assert "--device cuda" in text and "--loop" in text, text
+    assert "--attention" in text and "--host" in text, text
+
+
+def test_bench_help_lists_every_mode_and_shows_the_defaults(capsys):
+    assert exit_code(["bench", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for flag in ("--loop", "--attention", "--host", "--device"):
+        assert flag in text, (flag, text)
+    assert "--bs BS requests in the batch (default: 64)" in text, text
+    assert "(default: cpu)" in text and "(default: bf16)" in text, text
+    assert "(default: None)" not in text and "(default: False)" not in text, text
+
+
+@pytest.mark.parametrize("mode", [["--loop"], ["--host"], ["--attention"], ["--device", "cuda"]])
+def test_each_benchmarks_help_shows_its_defaults(mode, capsys):
+    assert exit_code(["bench", *mode, "--help"]) == 0
+    assert "(default: " in capsys.readouterr().out
 
 
 def test_loop_plot_draws_saved_intervals(tmp_path):

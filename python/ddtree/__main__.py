@@ -34,7 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=module.__doc__)
-        p.formatter_class = argparse.RawDescriptionHelpFormatter
+        # A command's own formatter (the benchmarks' shows each flag's default), else the
+        # description's line breaks kept.
+        p.formatter_class = getattr(module, "HelpFormatter", argparse.RawDescriptionHelpFormatter)
         module.add_arguments(p)
         p.set_defaults(run=module.run)
     return parser
@@ -54,9 +56,24 @@ def main(argv: list[str] | None = None) -> int:
         from . import bench_host
 
         return bench_host.main([a for a in argv[1:] if a != "--host"])
+    if argv[:1] == ["bench"] and _cuda_device(argv):  # and the GPU build's sweep
+        from . import bench_gpu
+
+        return bench_gpu.main(argv[1:])
     args = build_parser().parse_args(argv)
     args.argv = list(argv)  # the benchmark prints the exact command line it ran
     return args.run(args)
+
+
+def _cuda_device(argv: list[str]) -> bool:
+    """Whether ``argv`` asks for ``--device cuda[:N]`` (its flags, e.g. ``--bs 1 8 64``,
+    are not the CPU benchmark's)."""
+    for flag, value in zip(argv, argv[1:] + [""], strict=True):
+        if flag.startswith("--device="):
+            flag, value = "--device", flag.split("=", 1)[1]
+        if flag == "--device" and value.startswith("cuda"):
+            return True
+    return False
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ accepts several tokens. Times are microseconds per request.
 
 ``--device cuda`` times the GPU build instead (``ddtree/bench_gpu.py``) and ``--loop`` a
 synthetic decode loop on the GPU (``ddtree/bench_loop.py``), ``--attention`` the tree verify
-attention (``ddtree/bench_attention.py``); each takes its own flags.
+attention (``ddtree/bench_attention.py``), ``--host`` the host time of each eager ``Stepper``
+call (``ddtree/bench_host.py``); each takes its own flags (``bench --loop --help``, ...).
 """
 
 from __future__ import annotations
@@ -53,12 +54,30 @@ GEN_CHUNK_ELEMS = 1 << 24
 # ---------------------------------------------------------------------------------------------
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """The benchmarks' ``--help``: the description's line breaks kept, and each flag's help
+    ending with its default (except None and False: a flag that is off unless given)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        d = action.default
+        if (
+            action.option_strings
+            and d is not None
+            and d is not False
+            and d != argparse.SUPPRESS
+            and "%(default)" not in text
+        ):
+            text += " (default: %(default)s)"
+        return text
+
+
 def add_round_shape(p: argparse.ArgumentParser) -> None:
     """The round shape every single-shape benchmark takes (bench, --loop, --host)."""
-    p.add_argument("--bs", type=int, default=64, help="requests in the batch (default 64)")
-    p.add_argument("--budget", type=int, default=255, help="node budget B (default 255)")
-    p.add_argument("--depth", type=int, default=15, help="depth limit L (default 15)")
-    p.add_argument("--vocab", type=int, default=151936, help="vocabulary V (default 151936)")
+    p.add_argument("--bs", type=int, default=64, help="requests in the batch")
+    p.add_argument("--budget", type=int, default=255, help="node budget B")
+    p.add_argument("--depth", type=int, default=15, help="depth limit L")
+    p.add_argument("--vocab", type=int, default=151936, help="vocabulary V")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -66,15 +85,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topk", type=int, default=None, help="candidate cap (default: none)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="logits dtype")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic logits")
-    p.add_argument("--repeats", type=int, default=5, help="timed Rust runs (median; default 5)")
-    p.add_argument(
-        "--ref-requests", type=int, default=4, help="requests the reference runs (default 4)"
-    )
+    p.add_argument("--repeats", type=int, default=5, help="timed Rust runs, their median reported")
+    p.add_argument("--ref-requests", type=int, default=4, help="requests the reference runs")
     p.add_argument(
         "--target-gb",
         type=float,
         default=2.0,
-        help="memory cap of the [n, Q, V] target logits; accept runs on the n that fit (2.0)",
+        help="memory cap of the [n, Q, V] target logits; accept runs on the n that fit",
     )
     p.add_argument(
         "--loop",
@@ -89,10 +106,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "ddtree/bench_attention.py; routed there before parsing like --loop)",
     )
     p.add_argument(
+        "--host",
+        action="store_true",
+        help="host time per eager Stepper call on CUDA against one torch op's launch, with "
+        "its own flags (see ddtree/bench_host.py; routed there before parsing like --loop)",
+    )
+    p.add_argument(
         "--device",
         default="cpu",
-        help="cpu (default) or cuda: the GPU build against the CPU paths, over a sweep of "
-        "--bs and --budget values (see ddtree/bench_gpu.py)",
+        help="cpu or cuda: the GPU build against the CPU paths, over a sweep of --bs and "
+        "--budget values, with its own flags (see ddtree/bench_gpu.py)",
     )
 
 

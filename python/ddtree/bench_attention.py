@@ -23,20 +23,29 @@ import torch.nn.functional as F
 
 from . import _attention, build_tree
 from ._types import Tree
+from .bench import HelpFormatter
 from .bench_gpu import eager_time_us
 
 FLUSH_BYTES = 512 << 20  # larger than the H200's 50 MB L2
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m ddtree bench --attention", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m ddtree bench --attention",
+        description=__doc__,
+        formatter_class=HelpFormatter,
+    )
     p.add_argument("--n", type=int, nargs="+", default=[64, 256], help="tree tokens N")
     p.add_argument(
         "--prefix", type=int, nargs="+", default=[4096, 16384, 65536], help="prefix lengths"
     )
     p.add_argument("--bs", type=int, nargs="+", default=[1, 8], help="batch sizes")
     p.add_argument(
-        "--family", nargs="+", default=["mla8", "mla16", "gqa"], choices=["mla8", "mla16", "gqa"]
+        "--family",
+        nargs="+",
+        default=["mla8", "mla16", "gqa"],
+        choices=["mla8", "mla16", "gqa"],
+        help="head shapes: MLA with 8 or 16 query heads, GQA",
     )
     p.add_argument("--reps", type=int, default=30, help="timed calls per row (median)")
     return p

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from . import _core, _cuda, reference
+from .bench import HelpFormatter
 from .stepper import Stepper
 
 # (column, stage bits of launch_build): 8 forces the best-first warp in place of the
@@ -250,13 +251,19 @@ def check_limits(p: argparse.ArgumentParser, budgets, depth: int) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ddtree bench --device cuda")
-    p.add_argument("--bs", type=int, nargs="+", default=[1, 8, 64])
-    p.add_argument("--budget", type=int, nargs="+", default=[63, 255, 1023])
-    p.add_argument("--depth", type=int, default=15)
-    p.add_argument("--vocab", type=int, default=151936)
-    p.add_argument("--replays", type=int, default=200)
-    p.add_argument("--seed", type=int, default=0)
+    p = argparse.ArgumentParser(
+        prog="python -m ddtree bench --device cuda",
+        description=__doc__,
+        formatter_class=HelpFormatter,
+    )
+    p.add_argument("--bs", type=int, nargs="+", default=[1, 8, 64], help="batch sizes")
+    p.add_argument("--budget", type=int, nargs="+", default=[63, 255, 1023], help="budgets B")
+    p.add_argument("--depth", type=int, default=15, help="depth limit L")
+    p.add_argument("--vocab", type=int, default=151936, help="vocabulary V")
+    p.add_argument(
+        "--replays", type=int, default=200, help="timed graph replays, their median reported"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic logits")
     args, _ = p.parse_known_args(argv)
     check_limits(p, args.budget, args.depth)
     if not torch.cuda.is_available():

@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from .bench import add_round_shape
+from .bench import HelpFormatter, add_round_shape
 from .stepper import Stepper
 
 
@@ -101,12 +101,16 @@ def measure(bs: int, budget: int, depth: int, vocab: int, calls: int, repeats: i
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_round_shape(p)
-    p.add_argument("--calls", type=int, default=200)
-    p.add_argument("--repeats", type=int, default=15)
+    p.add_argument("--calls", type=int, default=200, help="back-to-back calls per timed run")
+    p.add_argument(
+        "--repeats", type=int, default=15, help="timed runs per case, their median reported"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ddtree bench --host", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m ddtree bench --host", description=__doc__, formatter_class=HelpFormatter
+    )
     add_arguments(p)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():

@@ -42,7 +42,7 @@ import torch
 
 from . import reference
 from ._api import accept_tree
-from .bench import add_round_shape
+from .bench import HelpFormatter, add_round_shape
 from .bench_gpu import check_limits, graph_time_us, peaked_logits
 from .stepper import Stepper
 
@@ -442,32 +442,28 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m ddtree bench --loop",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     add_round_shape(p)
-    p.add_argument(
-        "--rounds", type=int, default=200, help="timed rounds of each GPU mode (default 200)"
-    )
-    p.add_argument(
-        "--cpu-rounds", type=int, default=20, help="timed rounds of mode cpu, slow (default 20)"
-    )
+    p.add_argument("--rounds", type=int, default=200, help="timed rounds of each GPU mode")
+    p.add_argument("--cpu-rounds", type=int, default=20, help="timed rounds of mode cpu, slow")
     p.add_argument(
         "--profile-rounds",
         type=int,
         default=5,
-        help="steady rounds the profiler measures GPU busy/idle time over (default 5)",
+        help="steady rounds the profiler measures GPU busy/idle time over",
     )
     p.add_argument(
         "--draft-ms",
         type=float,
         default=2.0,
-        help="GPU ms of the GEMMs standing in for the draft forward (default 2.0)",
+        help="GPU ms of the GEMMs standing in for the draft forward",
     )
     p.add_argument(
         "--verify-ms",
         type=float,
         default=8.0,
-        help="GPU ms of the GEMMs standing in for the verify forward (default 8.0)",
+        help="GPU ms of the GEMMs standing in for the verify forward",
     )
     p.add_argument(
         "--modes",
