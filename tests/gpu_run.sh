@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU recipe, run on the lent H200 through the device tool (see README "GPU"):
+# The GPU recipe, run on the lent H200 through the device tool (see CONTRIBUTING.md):
 # installs the wheel built here (carried in wheels/), runs the GPU-marked tests,
 # compute-sanitizer memcheck + racecheck on a small batch, and the GPU benchmark.
 # Logs go to $OUT. STEPS selects parts: "tests portable sanitize bench loop attention" (default:
