@@ -1,7 +1,8 @@
-"""The demo end to end on the CPU: SmolLM2-135M decoded by plain greedy, chain speculation
-and DDTree in float32 gives the same tokens (lossless), with ragged prompts, both page
-sizes; the CLI's JSON; where a decoder first parts from greedy; the GPU idle fraction's
-trace parsing; and the measurement matrix (tests/gpu_demo.sh) and its summary."""
+"""The demo on the CPU: SmolLM2-135M decoded in float32 by greedy, chain speculation,
+DDTree and the CPU-build DDTree gives greedy's tokens (lossless), with ragged prompts, both
+page sizes and the end-of-turn stop; the device-side decode state's stop handling; the
+CLI's flag checks, JSON and table; where a decoder first parts from greedy; and the
+profiler-trace parsing behind the GPU idle fraction, the round split and the kernel table."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import pytest
 import torch
 
 from ddtree.bench_loop import MARKER, busy_stats
-from ddtree.demo import cli, decode, matrix, measure, model
+from ddtree.demo import cli, decode, measure, model
+from ddtree.demo.state import DecodeState
 
 
 def model_missing() -> str | None:
@@ -34,38 +36,47 @@ needs_model = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
 PROMPTS = ("What is the capital of France?", "Name a color.")
 
 
-def args(**kw):
-    base = dict(
-        max_new_tokens=8, budget=15, depth=4, draft_layers=24, page_size=16, temperature=0.0
-    )
-    return types.SimpleNamespace(**{**base, **kw})
+def demo_args(argv=()):
+    import argparse
+
+    p = argparse.ArgumentParser()
+    cli.add_arguments(p)
+    a = p.parse_args(list(argv))
+    assert cli.check_args(a) is None
+    return a
 
 
 @needs_model
 @pytest.mark.parametrize("page_size", [1, 16])
-def test_ddtree_and_chain_decode_exactly_what_plain_greedy_decodes(page_size):
+def test_every_decoder_decodes_exactly_what_greedy_decodes(page_size):
     tok = model.load_tokenizer()
     weights = model.load_weights(dtype=torch.float32)
     prompts = [tok.chat(p) for p in PROMPTS]
     assert len(prompts[0]) != len(prompts[1])  # ragged prefixes
-    r = cli.decode_all(
-        weights, prompts, args(page_size=page_size), torch.device("cpu"), torch.float32
-    )
-    assert all(len(t) == 8 for t in r["ar"].tokens)
-    assert r["chain"].tokens == r["ar"].tokens
-    assert r["ddtree"].tokens == r["ar"].tokens
-    # The engine's own greedy equals the plain dense forward of the whole sequence.
-    ids = prompts[0] + r["ar"].tokens[0]
+    a = demo_args(["--max-new-tokens", "12", "--budget", "15", "--page-size", str(page_size)])
+    rows = cli.decode_all(weights, prompts, a, torch.device("cpu"))
+    assert [(r["decoder"], r["budget"]) for r in rows] == [
+        ("greedy", None), ("chain", 4), ("ddtree", 15), ("cpu-build", 15)]  # fmt: skip
+    greedy = rows[0]["result"]
+    eos = weights.config.eos_id
+    # "Paris." then the end of the turn: the stop, before max_new_tokens.
+    assert greedy.tokens[0][-1] == eos and len(greedy.tokens[0]) < 12
+    assert all(len(t) <= 12 for t in greedy.tokens)
+    for r in rows[1:]:
+        assert r["result"].tokens == greedy.tokens, r["decoder"]
+    # The engine's greedy equals the plain dense forward of the whole sequence.
+    ids = prompts[0] + greedy.tokens[0]
     logits = model.dense_forward(weights, torch.tensor(ids))
-    assert logits[len(prompts[0]) - 1 : -1].argmax(-1).tolist() == r["ar"].tokens[0]
-    # Greedy's top-2 margins are those of the same logits.
+    assert logits[len(prompts[0]) - 1 : -1].argmax(-1).tolist() == greedy.tokens[0]
     top = logits[len(prompts[0]) - 1 : -1].topk(2, dim=-1).values
     want = (top[:, 0] - top[:, 1]).tolist()
-    assert r["ar"].margins[0] == pytest.approx(want, abs=1e-3)
-    assert all(m >= 0 for row in r["ar"].margins for m in row)
-    assert measure.divergences(r) == {"chain": [None, None], "ddtree": [None, None]}
-    # DDTree accepted more than the root in some round (the drafter is not useless).
-    assert max(r["ddtree"].accept_lens) > 1
+    assert greedy.margins[0] == pytest.approx(want, abs=1e-3)
+    # Speculation accepted more than the root on average (the drafter is not useless), and
+    # the tree as many tokens per round as the host-built tree (the same tree).
+    spec = {r["decoder"]: r["result"] for r in rows[1:]}
+    assert spec["ddtree"].accepted > 1 and spec["chain"].accepted > 1
+    assert spec["cpu-build"].accepted == spec["ddtree"].accepted
+    assert spec["ddtree"].rounds < greedy.rounds
 
 
 def test_chain_tree_is_causal():
@@ -74,32 +85,158 @@ def test_chain_tree_is_causal():
     assert t.positions.tolist() == [[10, 11, 12]] and t.first_child.tolist() == [[1, 2, -1]]
 
 
+# ---------------------------------------------------------------------------------------------
+# The decode state: stops on the device
+# ---------------------------------------------------------------------------------------------
+
+EOS = 9
+
+
+def state(bs=3, max_new=6, extra=5):
+    s = DecodeState(bs, max_new, extra, EOS, "cpu")
+    s.start(torch.tensor([1, 2, 3])[:bs], torch.tensor([10, 20, 30])[:bs])
+    return s
+
+
+def commit(s, rows, n, bonus):
+    s.commit(torch.tensor(rows), torch.tensor(n), torch.tensor(bonus))
+
+
+def test_a_round_appends_each_requests_committed_tokens_and_moves_its_root():
+    s = state()
+    commit(s, [[4, 5, 0], [6, 0, 0], [7, 8, 1]], [2, 1, 3], [5, 6, 1])
+    assert s.tokens() == [[1, 4, 5], [2, 6], [3, 7, 8, 1]]
+    assert s.prefix.tolist() == [12, 21, 33] and s.roots.tolist() == [5, 6, 1]
+    assert int(s.finished) == 0 and s.mean_accepted() == pytest.approx(6 / 3)
+
+
+def test_eos_inside_an_accepted_path_finishes_the_request_and_drops_what_follows():
+    s = state()
+    commit(s, [[4, EOS, 5], [6, 0, 0], [7, 0, 0]], [3, 1, 1], [5, 6, 7])
+    assert s.done.tolist() == [True, False, False] and int(s.finished) == 1
+    assert s.tokens()[0] == [1, 4, EOS]  # the token after the end of turn is dropped
+    # A finished request stays in the batch as padding: frozen root, prefix and history.
+    commit(s, [[1, 1, 1], [2, 2, 0], [3, 0, 0]], [3, 2, 1], [1, 2, 3])
+    assert s.tokens() == [[1, 4, EOS], [2, 6, 2, 2], [3, 7, 3]]
+    assert s.prefix.tolist()[0] == 13 and s.roots.tolist()[0] == 5
+    assert s.mean_accepted() == pytest.approx((5 + 3) / 5)
+
+
+def test_max_new_tokens_reached_mid_round_cuts_the_round_there():
+    s = state(max_new=4)
+    commit(s, [[4, 5, 6], [7, 0, 0], [8, 0, 0]], [3, 1, 1], [6, 7, 8])
+    assert s.done.tolist() == [True, False, False]  # 4 tokens: finished mid-round
+    commit(s, [[4, 5, 6], [7, 7, 7], [8, 0, 0]], [3, 3, 1], [6, 7, 8])
+    assert s.tokens() == [[1, 4, 5, 6], [2, 7, 7, 7], [3, 8, 8]]  # 5 kept on the device, cut
+    assert int(s.finished) == 2
+    commit(s, [[4, 5, 6], [7, 7, 7], [8, 8, 8]], [3, 3, 3], [6, 7, 8])
+    assert int(s.finished) == 3 and s.tokens()[2] == [3, 8, 8, 8]
+
+
+def test_a_first_token_that_ends_the_turn_finishes_at_the_start():
+    s = DecodeState(2, 8, 3, EOS, "cpu")
+    s.start(torch.tensor([EOS, 4]), torch.tensor([5, 6]))
+    assert s.done.tolist() == [True, False] and s.tokens() == [[EOS], [4]]
+
+
+# ---------------------------------------------------------------------------------------------
+# The command line
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["--budget", "0"], "--budget"),
+        (["--depth", "0"], "--depth"),
+        (["--device", "gpu"], "--device"),
+        (["--max-new-tokens", "0"], "--max-new-tokens"),
+        (["--bs", "0"], "--bs"),
+        (["--page-size", "3"], "--page-size"),
+        (["--draft-layers", "31"], "--draft-layers"),
+        (["--bs", "2", "--prompt", "x"], "--bs"),
+        (["--temperature", "-1"], "--temperature"),
+    ],
+)
+def test_a_bad_flag_is_one_line_naming_it_before_any_work(argv, flag, capsys, monkeypatch):
+    from ddtree.__main__ import main
+
+    def no_work(*a, **k):  # pragma: no cover - reached only if the check failed
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(model, "load_weights", no_work)
+    monkeypatch.setattr(model, "load_tokenizer", no_work)
+    assert main(["demo", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"demo: {flag}:") and "\n" not in err, err
+
+
+def test_an_unknown_decoder_is_refused_by_the_parser(capsys):
+    from ddtree.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["demo", "--decoders", "greedy,beam"])
+    assert e.value.code == 2
+    assert "--decoders: unknown decoder 'beam'" in capsys.readouterr().err
+
+
+def test_help_shows_the_defaults(capsys):
+    from ddtree.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    out = capsys.readouterr().out
+    for text in ("default: 4", "default: 24", "default: 16", "15,63,255 on CUDA",
+                 "default: greedy,chain,ddtree,cpu-build"):  # fmt: skip
+        assert text in " ".join(out.split()), text
+
+
 @needs_model
 def test_cli_json(capsys):
     from ddtree.__main__ import main
 
-    argv = ["demo", "--max-new-tokens", "4", "--prompt", "Hi", "--json", "--idle"]
+    argv = ["demo", "--max-new-tokens", "4", "--prompt", "Hi", "--json",
+            "--decoders", "greedy,ddtree", "--budget", "3,7"]  # fmt: skip
     assert main(argv) == 0
-    captured = capsys.readouterr()
-    out = json.loads(captured.out)
-    for key in ("prompt_ids", "ar_ids", "ddtree_ids", "accept_lens"):
-        assert key in out
-    assert out["ddtree_ids"] == out["ar_ids"] and len(out["ar_ids"][0]) == 4
-    assert (out["bs"], out["budget"], out["max_new_tokens"]) == (1, 15, 4)
-    assert out["divergence"] == {"chain": [None], "ddtree": [None]}
-    assert len(out["ar_margins"][0]) == 4
-    # --idle on the CPU: skipped with a note, not an error.
-    assert out["gpu_idle"] is None and "needs --device cuda" in captured.err
+    out = json.loads(capsys.readouterr().out)
+    assert (out["bs"], out["max_new_tokens"], out["device"]) == (1, 4, "cpu")
+    names = [(d["decoder"], d["budget"]) for d in out["decoders"]]
+    assert names == [("greedy", None), ("ddtree", 3), ("ddtree", 7)]
+    greedy = out["decoders"][0]
+    assert len(greedy["ids"][0]) == 4 and len(out["greedy_margins"][0]) == 4
+    for d in out["decoders"]:
+        assert d["ids"] == greedy["ids"] and d["divergence"] == [None]
+        assert d["gpu_idle"] is None and d["rounds"] >= 1 and d["tokens_per_s"] > 0
 
 
-def test_budget_plot(tmp_path):
-    pytest.importorskip("matplotlib")
-    r = decode.Result(
-        [[1]], 1.0, rounds=2, accept_lens=[1.0, 3.0], split={"draft": 0.2, "verify": 0.1}
-    )
-    path = tmp_path / "budgets.png"
-    cli.plot_budgets({1: r, 3: r}, str(path))
-    assert path.stat().st_size > 1000
+def synthetic_doc():
+    entry = {"ids": [[1, 2]], "gpu_idle": None, "split_ms": {}, "budget": None,
+             "accepted": 1.0, "rounds": 10, "ms_per_round": 2.0}  # fmt: skip
+    return {"decoders": [
+        {**entry, "decoder": "greedy", "tokens_per_s": 500.0},
+        {**entry, "decoder": "ddtree", "budget": 63, "tokens_per_s": 250.0, "ids": [[1, 3]],
+         "accepted": 1.9, "gpu_idle": {"idle": 0.125},
+         "split_ms": {"draft": 6.0, "build": 0.08, "verify": 2.0, "accept_commit": 0.1}},
+    ]}  # fmt: skip
+
+
+def test_table_is_aligned_and_relative_to_greedy():
+    lines = cli.table(synthetic_doc()).splitlines()
+    assert lines[0].split()[:3] == ["decoder", "B", "tokens/s"]
+    assert lines[1].split()[:5] == ["greedy", "-", "500.0", "1.00", "1.00"]
+    assert lines[2].split() == ["ddtree", "63", "250.0", "0.50", "1.90", "10", "2.00",
+                                "12.5%", "6.00", "/", "0.08", "/", "2.00", "/", "0.10",
+                                "0", "of", "1"]  # fmt: skip
+    # Columns line up: every row's second cell starts where the header's does.
+    at = lines[0].index(" B ") + 1
+    assert all(line[at] in "-6" for line in lines[1:])
+
+
+def test_story_prompts_are_distinct_and_ragged():
+    prompts = cli.story_prompts(32)
+    assert prompts[0] == "Tell me a story about dragon number 1."
+    assert len(set(prompts)) == 32
+    assert len({len(p) for p in prompts[:8]}) >= 6
 
 
 # ---------------------------------------------------------------------------------------------
@@ -121,23 +258,16 @@ def test_first_divergence():
     assert measure.first_divergence([1, 2, 3], [1, 2, 4], [0.5])["greedy_margin"] is None
 
 
-def test_divergences_per_decoder_and_prompt():
-    ar = decode.Result([[1, 2, 3], [4, 5, 6]], 1.0, margins=[[3.0, 2.0, 1.0], [1.5, 0.0, 2.5]])
-    chain = decode.Result([[1, 2, 3], [4, 5, 6]], 1.0)
-    tree = decode.Result([[1, 2, 3], [4, 9, 6]], 1.0)
-    got = measure.divergences({"ar": ar, "chain": chain, "ddtree": tree})
-    assert got == {
-        "chain": [None, None],
-        "ddtree": [None, {"index": 1, "greedy_token": 5, "other_token": 9, "greedy_margin": 0.0}],
-    }
+def test_divergence_text():
+    d = {"index": 1, "greedy_token": 5, "other_token": 9, "greedy_margin": 0.0}
     tok = types.SimpleNamespace(decode=lambda ids: f"<{ids[0]}>")
-    text = cli.divergence_text(tok, 1, got["ddtree"][1])
+    text = cli.divergence_text(tok, 1, d)
     assert "prompt 1, generated token 1: '<9>' where greedy has '<5>'" in text
     assert "0.000" in text
 
 
 # ---------------------------------------------------------------------------------------------
-# GPU idle from a profiler trace
+# Profiler traces: GPU idle, the round split, the kernel table
 # ---------------------------------------------------------------------------------------------
 
 
@@ -169,11 +299,6 @@ def test_idle_from_trace_leaves_the_prefill_out_and_merges_overlaps():
     # Without the marker: the whole trace, said so.
     whole, marked = measure.from_marker(named[2:], MARKER)
     assert not marked and whole[0] == (110, 120)
-    idle = {**stats, "rounds": 2, "prefill_excluded": True, "profiled": "cuda"}
-    assert cli.idle_text(idle, 63) == (
-        "GPU idle in a separate, profiled DDTree decode (B=63, rounds, prefill left out): "
-        "48.3%; GPU busy 0.02 ms of 0.03 ms per round"
-    )
 
 
 def test_gpu_idle_profiles_again_with_host_ops_when_no_device_work_was_recorded(monkeypatch):
@@ -211,89 +336,28 @@ def test_trace_intervals_reads_the_profilers_own_export(tmp_path):
     assert measure.trace_intervals(json.loads(path.read_text())) == []  # no GPU work
 
 
-# ---------------------------------------------------------------------------------------------
-# The matrix (tests/gpu_demo.sh) and its summary
-# ---------------------------------------------------------------------------------------------
-
-
-def test_story_prompts_are_distinct_and_ragged():
-    prompts = matrix.story_prompts(32)
-    assert prompts[0] == "Tell me a story about dragon number 1."
-    assert len(set(prompts)) == 32
-    assert len({len(p) for p in prompts[:8]}) >= 6
-
-
-def synthetic_doc(bs, budget, ddtree_tokens, idle):
-    """A document as `--json` writes it, from made-up results: greedy 100 tokens/s, chain
-    50, DDTree 40; accepted lengths 1.5 and 2.0 over 2 rounds; a 50/10/30/10 split."""
-    ar_tokens = [[3 * b + i for i in range(3)] for b in range(bs)]
-    n = 3 * bs
-    margins = [[2.0] * 3 for _ in range(bs)]
-    margins[-1][1] = 0.125  # where the last prompt's DDTree tokens part, if they do
-    results = {
-        "ar": decode.Result(ar_tokens, n / 100, rounds=2, margins=margins),
-        "chain": decode.Result(ar_tokens, n / 50, rounds=2, accept_lens=[1.5, 1.5]),
-        "ddtree": decode.Result(
-            ddtree_tokens, n / 40, rounds=2, accept_lens=[2.0, 2.0],
-            split={"draft": 0.5, "build": 0.1, "verify": 0.3, "accept_commit": 0.1},
-        ),
-    }  # fmt: skip
-    a = types.SimpleNamespace(budget=budget, depth=4, max_new_tokens=3, temperature=0.0)
-    prompts = [[1] * (5 + b) for b in range(bs)]
-    return json.loads(json.dumps(cli.as_json(prompts, results, a, idle)))
-
-
-def test_matrix_summary_table_and_plot(tmp_path):
-    ar4 = [[3 * b + i for i in range(3)] for b in range(4)]
-    parted = [row[:] for row in ar4]
-    parted[3][1] = 999
-    idle = {
-        "idle": 0.25,
-        "busy_ms": 1.0,
-        "span_ms": 2.7,
-        "rounds": 2,
-        "prefill_excluded": True,
-        "profiled": "cuda",
-    }
-    # Written out of order: the summary sorts by (bs, B).
-    (tmp_path / "bs4_B63.json").write_text(json.dumps(synthetic_doc(4, 63, parted, idle)))
-    (tmp_path / "bs1_B15.json").write_text(json.dumps(synthetic_doc(1, 15, [[0, 1, 2]], None)))
-    md, all_json = tmp_path / "summary.md", tmp_path / "all.json"
-    argv = ["summary", str(tmp_path), "--md", str(md), "--json", str(all_json)]
-    assert matrix.main(argv) == 0
-    rows = md.read_text().splitlines()
-    assert len(rows) == 4 and rows[0].startswith("| bs | B |")
-    assert rows[2] == (
-        "| 1 | 15 | 100.0 / 50.0 / 40.0 | 1.50 / 2.00 | 2 / 2 | — | 1 of 1 | 1 of 1 "
-        "| 50% / 10% / 30% / 10% | — |"
-    )
-    # Median of greedy's margins: eleven at 2.0 and one at 0.125.
-    assert rows[3] == (
-        "| 4 | 63 | 100.0 / 50.0 / 40.0 | 1.50 / 2.00 | 2 / 2 | 25.0% | 3 of 4 | 4 of 4 "
-        "| 50% / 10% / 30% / 10% | 0.125 (2.000) |"
-    )
-    assert [(d["bs"], d["budget"]) for d in json.loads(all_json.read_text())] == [(1, 15), (4, 63)]
-    assert matrix.summarize(json.loads(all_json.read_text())[1])["ms_per_round"]["draft"] == 250
-    pytest.importorskip("matplotlib")
-    png = tmp_path / "matrix.png"
-    assert matrix.main(["summary", str(tmp_path), "--plot", str(png)]) == 0
-    assert png.stat().st_size > 1000
-
-
-def test_matrix_summary_of_nothing_fails(tmp_path):
-    assert matrix.main(["summary", str(tmp_path)]) == 1
-
-
-@needs_model
-def test_matrix_run_on_the_cpu(tmp_path):
-    # The path tests/gpu_demo.sh takes on the H200, small: ragged story prompts, greedy and
-    # chain once, DDTree per budget, --idle skipped off CUDA.
-    paths = matrix.run(2, (1, 3), (3,), 3, "cpu", tmp_path)
-    assert [p.name for p in paths] == ["bs2_B1.json", "bs2_B3.json"]
-    docs = matrix.load(tmp_path)
-    assert [d["budget"] for d in docs] == [1, 3]
-    for d in docs:
-        assert d["bs"] == 2 and len({len(p) for p in d["prompt_ids"]}) == 2
-        assert d["ddtree_ids"] == d["ar_ids"] == docs[0]["ar_ids"]  # float32: lossless
-        assert all(len(t) == 3 for t in d["ar_ids"]) and d["gpu_idle"] is None
-    assert len(matrix.markdown(docs).splitlines()) == 4
+def test_stage_split_runs_from_each_marker_to_the_next():
+    mark = f"void at::cuda::{MARKER}(long)"
+    named = [
+        (0, 40, "prefill"),  # before the first marker: left out
+        # round 1: draft 100..120, build (host) 121..150, verify 151..170
+        (99, 100, mark),
+        (100, 120, "gemm"),
+        (120, 121, mark),
+        (149, 150, mark),
+        (150, 172, "attn"),
+        # round 2
+        (180, 181, mark),
+        (181, 191, "gemm"),
+        (191, 192, mark),
+        (195, 196, mark),
+        (196, 206, "attn"),
+    ]
+    split = measure.stage_split(named, ("draft", "build", "verify"))
+    # draft: (120 - 100) + (191 - 181); build: (149 - 121) + (195 - 192); verify: (180 -
+    # 150) + (206 - 196), per round of 2, in ms.
+    assert split == pytest.approx({"draft": 0.015, "build": 0.0155, "verify": 0.02})
+    assert measure.stage_split([(0, 1, "k")], ("a",)) == {}
+    table = measure.kernel_table(named, rounds=2)
+    assert [row["kernel"] for row in table] == ["prefill", "attn", "gemm"]
+    assert table[1] == {"kernel": "attn", "calls_per_round": 1.0, "us_per_round": 16.0}

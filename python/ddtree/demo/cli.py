@@ -1,13 +1,19 @@
-"""Decode a real model (SmolLM2-135M-Instruct, shipped on PyPI as a GGUF file) three ways
-over one batch of prompts — plain greedy, chain speculation and DDTree — and print the
-texts, tokens per second, mean accepted length, rounds and the per-round time split.
-DDTree runs the whole round through ddtree: ``Stepper.step`` builds the tree from the
-early-exit drafter's per-depth distributions, the verify forward attends with
-``ddtree.tree_attention`` over the paged KV pool, ``Stepper.accept`` walks it and
-``Stepper.compact_kv`` keeps the accepted path's K/V. In float32 (the CPU default) all
-three decoders produce the same greedy tokens; where a decoder's tokens part from greedy's
-(bfloat16 on the GPU), the report names the first differing token and greedy's top-1 minus
-top-2 logit there. ``--idle`` (CUDA) adds the GPU idle fraction of a DDTree decode.
+"""Decode a real model (SmolLM2-135M-Instruct, shipped on PyPI as a GGUF file) with several
+decoders over one batch of chat prompts, in one engine, and compare them:
+
+  greedy     one token per round
+  chain      chain speculation (one draft per depth, B = L)
+  ddtree     DDTree: ddtree's GPU tree build (Stepper.step), tree-attention verify,
+             Stepper.accept and compact_kv, the whole round one CUDA graph
+  cpu-build  the same DDTree round with the tree built on the host, as SGLang's DFlash
+             worker builds it today
+
+On CUDA every decode round is a replayed CUDA graph and the host queues rounds without
+reading the device; tokens/s counts the generated tokens over the decode (prefill left
+out). The drafter is an early-exit one (the target's own first 24 of 30 layers), which
+costs most of a round: it shows where a round's time goes, it cannot make DDTree beat
+greedy. In float32 (the CPU default) every decoder produces greedy's tokens; in bfloat16
+they can part at near-ties, which the report names with greedy's top-1 minus top-2 logit.
 """
 
 from __future__ import annotations
@@ -15,205 +21,295 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 import torch
-
-import ddtree
 
 PROMPTS = (
     "What is the capital of France?",
     "Write a haiku about the sea.",
     "List three prime numbers and explain briefly why each one is prime.",
 )
+# Appended in turn to `--bs N`'s story prompts, so a batch's prompts differ in length.
+EXTRAS = (
+    "",
+    "Make it short.",
+    "It lives in a cave by the sea and guards an old library.",
+    "Use simple words.",
+    "The dragon is afraid of the dark, and a small girl helps it find its way home.",
+    "Give it a name.",
+    "Include a wizard, a river and a broken bridge, and end with a lesson about patience.",
+)
+DECODERS = ("greedy", "chain", "ddtree", "cpu-build")
+STAGES = ("draft", "build", "verify", "accept_commit")
+
+
+def story_prompts(bs: int) -> list[str]:
+    return [
+        f"Tell me a story about dragon number {i + 1}. {EXTRAS[i % len(EXTRAS)]}".strip()
+        for i in range(bs)
+    ]
+
+
+def ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        msg = f"expected comma-separated integers, got {text!r}"
+        raise argparse.ArgumentTypeError(msg) from None
+
+
+def names(text: str) -> tuple[str, ...]:
+    got = tuple(x.strip() for x in text.split(",") if x.strip())
+    bad = [x for x in got if x not in DECODERS]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown decoder {bad[0]!r} (of {', '.join(DECODERS)})")
+    return got
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
-    p.add_argument(
-        "--prompt", action="append", help="a user message (repeat for a batch; default: 3)"
-    )
-    p.add_argument("--max-new-tokens", type=int, default=16, help="tokens per prompt")
-    p.add_argument("--budget", type=int, default=15, help="DDTree node budget B")
-    p.add_argument("--depth", type=int, default=4, help="draft depth L")
-    p.add_argument(
-        "--draft-layers", type=int, default=24, help="layers of the early-exit drafter (of 30)"
-    )
-    p.add_argument("--page-size", type=int, default=16, help="KV pool page size")
-    p.add_argument(
-        "--dtype", choices=["float32", "bfloat16"], help="default: float32 on the CPU, "
-        "bfloat16 on CUDA"
-    )  # fmt: skip
-    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    p.add_argument("--prompt", action="append", help="a user message (repeatable; default: "
+                   "three built-in prompts)")  # fmt: skip
+    p.add_argument("--bs", type=int, help="instead of --prompt: N built-in story prompts")
+    p.add_argument("--max-new-tokens", type=int, help="tokens per prompt (default: 16 on the "
+                   "CPU, 128 on CUDA)")  # fmt: skip
+    p.add_argument("--budget", type=ints, help="DDTree node budgets B, comma-separated "
+                   "(default: 15 on the CPU, 15,63,255 on CUDA)")  # fmt: skip
+    p.add_argument("--decoders", type=names, default=DECODERS, help="which decoders, "
+                   f"comma-separated (default: {','.join(DECODERS)})")  # fmt: skip
+    p.add_argument("--depth", type=int, default=4, help="draft depth L (default: 4)")
+    p.add_argument("--drafter", choices=["early-exit"], default="early-exit",
+                   help="the drafter (default: early-exit)")  # fmt: skip
+    p.add_argument("--draft-layers", type=int, default=24,
+                   help="layers of the early-exit drafter, of 30 (default: 24)")  # fmt: skip
+    p.add_argument("--page-size", type=int, default=16, help="KV pool page size (default: 16)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"],
+                   help="default: float32 on the CPU, bfloat16 on CUDA")  # fmt: skip
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0 decodes greedily (default: 0)")  # fmt: skip
+    p.add_argument("--no-profile", action="store_true", help="CUDA: skip the two profiled "
+                   "decodes per decoder (GPU idle; round split and top kernels)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    p.add_argument(
-        "--idle",
-        action="store_true",
-        help="CUDA: decode with DDTree once more, untimed, under the torch profiler and report "
-        "the GPU idle fraction of its rounds (prefill left out); skipped on the CPU",
-    )
-    p.add_argument(
-        "--plot",
-        metavar="FILE.png",
-        help="also run DDTree at budgets 1, 3, 7, 15, 31 and plot the mean accepted length by "
-        "budget and each round's time split (matplotlib)",
-    )
+
+
+def check_args(args) -> str | None:
+    """The first bad flag, as a one-line message, or None. Nothing has run yet."""
+    if args.device not in ("cpu", "cuda") and not args.device.startswith("cuda:"):
+        return f"--device: expected cpu or cuda, got {args.device!r}"
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        return "--device: cuda asked for, but torch sees no CUDA GPU"
+    cuda = args.device.startswith("cuda")
+    if args.max_new_tokens is None:
+        args.max_new_tokens = 128 if cuda else 16
+    if args.budget is None:
+        args.budget = (15, 63, 255) if cuda else (15,)
+    if args.prompt and args.bs is not None:
+        return "--bs: give either --prompt or --bs, not both"
+    checks = [
+        ("--bs", args.bs is None or args.bs >= 1, "must be at least 1"),
+        ("--max-new-tokens", args.max_new_tokens >= 1, "must be at least 1"),
+        ("--budget", bool(args.budget) and all(1 <= b <= 1023 for b in args.budget),
+         "each budget must be in 1..1023"),
+        ("--depth", 1 <= args.depth <= 20, "must be in 1..20"),
+        ("--draft-layers", 1 <= args.draft_layers <= 30, "must be in 1..30"),
+        ("--page-size", args.page_size >= 1 and args.page_size & (args.page_size - 1) == 0,
+         "must be a power of two"),
+        ("--temperature", args.temperature >= 0, "must be 0 or more"),
+        ("--decoders", bool(args.decoders), "name at least one decoder"),
+    ]  # fmt: skip
+    for flag, ok, why in checks:
+        if not ok:
+            value = getattr(args, flag[2:].replace("-", "_"))
+            return f"{flag}: {why}, got {value if not isinstance(value, tuple) else value}"
+    if args.temperature > 0 and "cpu-build" in args.decoders:
+        return "--temperature: the cpu-build decoder walks greedily only; drop it or use 0"
+    return None
+
+
+def log(msg: str) -> None:
+    print(f"# {msg}", file=sys.stderr, flush=True)
 
 
 def run(args) -> int:
+    error = check_args(args)
+    if error:
+        print(f"demo: {error}", file=sys.stderr)
+        return 2
     from .model import load_tokenizer, load_weights  # gguf and tokenizers: only for the demo
 
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        print("demo: --device cuda needs a CUDA GPU", file=sys.stderr)
-        return 2
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype or ("float32" if device.type == "cpu" else "bfloat16"))
     tok = load_tokenizer()
+    texts = list(args.prompt or (story_prompts(args.bs) if args.bs else PROMPTS))
+    if not args.json:
+        for b, text in enumerate(texts):
+            log(f"prompt {b}: {text}")
     weights = load_weights(dtype=dtype).to(device=device)
-    prompts = [tok.chat(p) for p in (args.prompt or PROMPTS)]
-    results = decode_all(weights, prompts, args, device, dtype)
-    idle = measure_idle(weights, prompts, args, device, dtype) if args.idle else None
-    if args.plot:
-        sweep = budget_sweep(weights, prompts, args, device, dtype)
-        plot_budgets(sweep, args.plot)
-        for budget, r in sweep.items():  # the plotted numbers, beside the main table
-            mean = sum(r.accept_lens) / len(r.accept_lens)
-            ms = 1000 * sum(r.split.values()) / max(r.rounds, 1)
-            print(f"# budget {budget}: mean accepted length {mean:.2f}, {ms:.0f} ms/round",
-                  file=sys.stderr)  # fmt: skip
+    prompts = [tok.chat(p) for p in texts]
+    results = decode_all(weights, prompts, args, device)
     if args.json:
-        print(json.dumps(as_json(prompts, results, args, idle)))
+        print(json.dumps(as_json(texts, prompts, results, args, device, dtype)))
         return 0
-    report(tok, prompts, results, args, device, dtype, idle)
+    report(tok, prompts, results, args, device, dtype)
     return 0
 
 
-def new_engine(weights, prompts, args, device, dtype, budget: int):
-    """An engine over a fresh pool sized for this batch and a tree of `budget` nodes."""
+def new_engine(weights, prompts, args, device):
+    """One engine (weights, paged pool) for every decoder of the run: each decode prefills
+    its prompts into the pool again."""
     from .engine import Engine, Pool
 
-    # A request keeps decoding (up to L+1 tokens a round) until the slowest one has
-    # max_new tokens, and each round's window needs Q more slots.
-    per_round = args.depth + 1
-    capacity = max(len(p) for p in prompts) + per_round * args.max_new_tokens + budget + per_round
-    pool = Pool(weights, len(prompts), capacity, args.page_size, device, dtype)
+    # A request stops growing once finished; a round commits up to L+1 tokens and needs a
+    # window of Q = B+1 slots past its prefix.
+    capacity = max(map(len, prompts)) + args.max_new_tokens + 2 * (args.depth + 2)
+    capacity += max(args.budget) + 1
+    pool = Pool(weights, len(prompts), capacity, args.page_size, device, weights.embed.dtype)
     return Engine(weights, pool, args.draft_layers)
 
 
-def new_stepper(weights, prompts, args, device, budget: int, topk=None) -> ddtree.Stepper:
-    return ddtree.Stepper(
-        max_batch=len(prompts), budget=budget, depth=args.depth, vocab=weights.config.vocab,
-        device=device, topk=topk,
-    )  # fmt: skip
+def plan(args) -> list[tuple[str, int | None]]:
+    """(decoder, budget) in the order they run; greedy first, the reference."""
+    rows = [("greedy", None)] if "greedy" in args.decoders else []
+    if "chain" in args.decoders:
+        rows.append(("chain", args.depth))
+    for name in ("ddtree", "cpu-build"):
+        if name in args.decoders:
+            rows += [(name, b) for b in args.budget]
+    return rows
 
 
-def baselines(weights, prompts, args, device, dtype) -> dict:
-    """Plain greedy and chain speculation (neither depends on the DDTree budget), each on a
-    fresh pool."""
+def make_decoder(engine, name, budget, bs, args):
     from . import decode
 
-    def engine():
-        return new_engine(weights, prompts, args, device, dtype, args.budget)
-
-    n, d, t = args.max_new_tokens, args.depth, args.temperature
-    chain = new_stepper(weights, prompts, args, device, d, topk=1)
-    return {
-        "ar": decode.greedy(engine(), prompts, n, t),
-        "chain": decode.speculative(engine(), chain, prompts, n, d, t),
-    }
-
-
-def ddtree_decode(weights, prompts, args, device, dtype, budget: int, on_decode_start=None):
-    """DDTree at `budget` nodes, on a fresh pool."""
-    from . import decode
-
-    return decode.speculative(
-        new_engine(weights, prompts, args, device, dtype, budget),
-        new_stepper(weights, prompts, args, device, budget),
-        prompts, args.max_new_tokens, args.depth, args.temperature,
-        on_decode_start=on_decode_start,
-    )  # fmt: skip
+    eos, t = engine.cfg.eos_id, args.temperature
+    if name == "greedy":
+        return decode.Greedy(engine, bs, args.max_new_tokens, eos, t)
+    drafter = decode.EarlyExitDrafter(engine, bs, args.depth)
+    if name == "cpu-build":
+        return decode.CpuBuild(engine, bs, args.max_new_tokens, eos, drafter, budget, t)
+    topk = 1 if name == "chain" else None
+    return decode.Speculative(engine, bs, args.max_new_tokens, eos, drafter, budget, topk, t)
 
 
-def decode_all(weights, prompts, args, device, dtype) -> dict:
-    """The three decoders, each on a fresh pool of the same shape."""
-    results = baselines(weights, prompts, args, device, dtype)
-    results["ddtree"] = ddtree_decode(weights, prompts, args, device, dtype, args.budget)
-    return results
+def decode_all(weights, prompts, args, device) -> list[dict]:
+    """Every (decoder, budget) of `plan` on one engine: a timed decode and, on CUDA unless
+    --no-profile, a profiled one for the GPU idle fraction and one for the round split."""
+    engine = new_engine(weights, prompts, args, device)
+    if device.type == "cuda":  # untimed: first kernel loads, cuBLAS handles
+        make_decoder(engine, "greedy", None, len(prompts), args).decode(prompts)
+    rows = []
+    for name, budget in plan(args):
+        t = time.perf_counter()
+        dec = make_decoder(engine, name, budget, len(prompts), args)
+        r = dec.decode(prompts)
+        if device.type == "cuda" and not args.no_profile:
+            profile(dec, prompts, r)
+        rows.append({"decoder": name, "budget": budget, "result": r})
+        label = name if budget is None else f"{name} B={budget}"
+        log(f"{label}: {r.tokens_per_s():.1f} tokens/s, {r.accepted:.2f} tokens/round "
+            f"({time.perf_counter() - t:.1f} s)")  # fmt: skip
+        del dec
+    return rows
 
 
-def measure_idle(weights, prompts, args, device, dtype) -> dict | None:
-    """GPU idle fraction of a separate DDTree decode at args.budget (None off CUDA)."""
+def profile(dec, prompts, r) -> None:
+    """GPU idle of a profiled decode, and each stage's time per round from another whose
+    rounds mark their stages (measure.py)."""
     from . import measure
 
-    if device.type != "cuda":
-        print("# --idle needs --device cuda: GPU idle not measured", file=sys.stderr)
-        return None
-    return measure.gpu_idle(
-        lambda mark: ddtree_decode(weights, prompts, args, device, dtype, args.budget, mark)
+    r.idle = measure.gpu_idle(lambda mark: dec.decode(prompts, on_decode_start=mark))
+    stages = [name for name, _ in dec.stages()]
+    r.split, r.kernels = measure.profiled_split(
+        lambda: dec.decode(prompts, marked=True), tuple(stages)
     )
 
 
-def as_json(prompts, results, args, idle=None) -> dict:
-    from .measure import divergences
+def greedy_row(rows):
+    return next((row["result"] for row in rows if row["decoder"] == "greedy"), None)
+
+
+def as_json(texts, prompts, rows, args, device, dtype) -> dict:
+    from .measure import first_divergence
+
+    greedy = greedy_row(rows)
+
+    def entry(row):
+        r = row["result"]
+        div = None
+        if greedy is not None and args.temperature <= 0:
+            div = [first_divergence(g, o, m) for g, o, m in
+                   zip(greedy.tokens, r.tokens, greedy.margins, strict=True)]  # fmt: skip
+        return {
+            "decoder": row["decoder"], "budget": row["budget"], "ids": r.tokens,
+            "tokens_per_s": r.tokens_per_s(), "generated": r.generated,
+            "seconds": r.seconds, "rounds": r.rounds, "accepted": r.accepted,
+            "ms_per_round": 1000 * r.seconds / max(r.rounds, 1), "gpu_idle": r.idle,
+            "split_ms": r.split, "kernels": r.kernels, "divergence": div,
+        }  # fmt: skip
 
     return {
-        "bs": len(prompts),
-        "budget": args.budget,
-        "depth": args.depth,
-        "max_new_tokens": args.max_new_tokens,
-        "temperature": args.temperature,
-        "prompt_ids": prompts,
-        "ar_ids": results["ar"].tokens,
-        "chain_ids": results["chain"].tokens,
-        "ddtree_ids": results["ddtree"].tokens,
-        "accept_lens": results["ddtree"].accept_lens,
-        "chain_accept_lens": results["chain"].accept_lens,
-        "tokens_per_s": {k: r.tokens_per_s() for k, r in results.items()},
-        "rounds": {k: r.rounds for k, r in results.items()},
-        "split_s": {k: r.split for k, r in results.items() if r.split},
-        "ar_margins": results["ar"].margins,
-        # Per decoder, per prompt: null, or where its tokens first part from greedy's (only
-        # when decoding greedily: sampled tokens part by design).
-        "divergence": divergences(results) if args.temperature <= 0 else None,
-        "gpu_idle": idle,
-    }
+        "device": str(device), "dtype": str(dtype).removeprefix("torch."), "bs": len(prompts),
+        "max_new_tokens": args.max_new_tokens, "depth": args.depth,
+        "draft_layers": args.draft_layers, "temperature": args.temperature,
+        "prompts": texts, "prompt_ids": prompts,
+        "greedy_margins": greedy.margins if greedy else None,
+        "decoders": [entry(row) for row in rows],
+    }  # fmt: skip
 
 
-def report(tok, prompts, results, args, device, dtype, idle=None) -> None:
-    ar = results["ar"].tokens
-    print(f"# ddtree demo: SmolLM2-135M-Instruct on {device} ({dtype}), {len(prompts)} prompts")
-    for b, ids in enumerate(ar):
-        print(f"\n[{b}] {tok.decode(ids)!r}")
-    print("\ndecoder | tokens/s | rounds | mean accepted length | same tokens as greedy")
-    for name, r in results.items():
-        mean = sum(r.accept_lens) / len(r.accept_lens) if r.accept_lens else 1.0
-        same = r.tokens == ar
-        print(f"{name} | {r.tokens_per_s():.1f} | {r.rounds} | {mean:.2f} | {same}")
-    for name in ("chain", "ddtree"):
-        split = results[name].split
-        total = sum(split.values())
-        cells = ", ".join(f"{k} {v / total:.0%}" for k, v in split.items())
-        print(f"# {name} round time: {cells}")
-    if args.temperature <= 0:
-        report_divergences(tok, results)
-    if idle is not None:
-        print(f"# {idle_text(idle, args.budget)}")
+def table(doc: dict) -> str:
+    """The aligned table of a demo document (as_json's)."""
+    base = next((d["tokens_per_s"] for d in doc["decoders"] if d["decoder"] == "greedy"), None)
+    greedy_ids = next((d["ids"] for d in doc["decoders"] if d["decoder"] == "greedy"), None)
+    head = ("decoder", "B", "tokens/s", "x greedy", "tokens/round", "rounds", "ms/round",
+            "GPU idle", "draft / build / verify / accept ms", "same as greedy")  # fmt: skip
+    lines = [head]
+    for d in doc["decoders"]:
+        split = d["split_ms"] or {}
+        cells = " / ".join(f"{split[s]:.2f}" if s in split else "-" for s in STAGES)
+        same = "-" if greedy_ids is None else (
+            f"{sum(a == b for a, b in zip(greedy_ids, d['ids'], strict=True))} of "
+            f"{len(d['ids'])}")  # fmt: skip
+        idle = d["gpu_idle"]
+        lines.append((
+            d["decoder"], "-" if d["budget"] is None else str(d["budget"]),
+            f"{d['tokens_per_s']:.1f}", "-" if not base else f"{d['tokens_per_s'] / base:.2f}",
+            f"{d['accepted']:.2f}", str(d["rounds"]), f"{d['ms_per_round']:.2f}",
+            "-" if idle is None else f"{idle['idle']:.1%}", cells if split else "-", same,
+        ))  # fmt: skip
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
+                     for line in lines)  # fmt: skip
 
 
-def report_divergences(tok, results) -> None:
-    """A line per prompt whose tokens part from greedy's, and greedy's margins for scale."""
-    from .measure import divergences
+def report(tok, prompts, rows, args, device, dtype) -> None:
+    doc = as_json([], prompts, rows, args, device, dtype)
+    greedy = greedy_row(rows)
+    print(f"ddtree demo: SmolLM2-135M-Instruct on {device} ({doc['dtype']}), {len(prompts)} "
+          f"prompts, up to {args.max_new_tokens} new tokens each, L = {args.depth}")  # fmt: skip
+    if greedy is not None:
+        for b, ids in enumerate(greedy.tokens):
+            print(f"\n[{b}] {tok.decode(ids, skip_special=True)!r}")
+    print()
+    print(table(doc))
+    print(
+        "\ntokens/s: generated tokens over the decode, prefill left out; tokens/round: "
+        "tokens committed per round (the bonus included); ms/round, GPU idle and the split "
+        "are CUDA-only measurements (profiled decodes). The early-exit drafter costs most of "
+        "a round, so DDTree with it cannot beat greedy; the H200 numbers are in BENCHMARKS.md."
+    )
+    if args.temperature <= 0 and greedy is not None:
+        report_divergences(tok, doc)
 
-    found = False
-    for name, per_prompt in divergences(results).items():
-        for b, d in enumerate(per_prompt):
-            if d is not None:
-                found = True
-                print(f"# {name} parts from greedy: {divergence_text(tok, b, d)}")
-    if found:
-        margins = sorted(m for row in results["ar"].margins for m in row)
-        print(f"# greedy's top-1 minus top-2 logit over all its tokens: min {margins[0]:.3f}, "
-              f"median {margins[len(margins) // 2]:.3f}")  # fmt: skip
+
+def report_divergences(tok, doc) -> None:
+    """A line per prompt whose tokens part from greedy's."""
+    for d in doc["decoders"]:
+        for b, div in enumerate(d["divergence"] or []):
+            if div is not None:
+                name = d["decoder"] + ("" if d["budget"] is None else f" B={d['budget']}")
+                print(f"# {name} parts from greedy: {divergence_text(tok, b, div)}")
 
 
 def divergence_text(tok, b: int, d: dict) -> str:
@@ -227,52 +323,3 @@ def divergence_text(tok, b: int, d: dict) -> str:
         f"prompt {b}, generated token {d['index']}: {token(d['other_token'])} where greedy "
         f"has {token(d['greedy_token'])} (greedy's top-1 minus top-2 logit there: {margin})"
     )
-
-
-def idle_text(idle: dict, budget: int) -> str:
-    window = "rounds, prefill left out" if idle["prefill_excluded"] else "whole decode"
-    if idle["profiled"] != "cuda":
-        window += ", host ops profiled too"
-    per_round = idle["span_ms"] / max(idle["rounds"], 1)
-    return (
-        f"GPU idle in a separate, profiled DDTree decode (B={budget}, {window}): "
-        f"{idle['idle']:.1%}; GPU busy {idle['busy_ms']:.2f} ms of {per_round:.2f} ms per round"
-    )
-
-
-SWEEP_BUDGETS = (1, 3, 7, 15, 31)
-
-
-def budget_sweep(weights, prompts, args, device, dtype) -> dict:
-    """DDTree alone at each budget of SWEEP_BUDGETS: budget -> Result."""
-    return {b: ddtree_decode(weights, prompts, args, device, dtype, b) for b in SWEEP_BUDGETS}
-
-
-def plot_budgets(sweep: dict, path: str) -> None:
-    """Mean accepted length by budget, and the round's time split per budget."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    budgets = list(sweep)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
-    lens = [sum(r.accept_lens) / len(r.accept_lens) for r in sweep.values()]
-    left.plot(budgets, lens, marker="o")
-    left.set_xscale("log", base=2)
-    left.set_xlabel("budget B (nodes)")
-    left.set_ylabel("mean accepted length per round")
-    left.set_title("DDTree: accepted length by budget")
-    stages = ("draft", "build", "verify", "accept_commit")
-    bottom = [0.0] * len(budgets)
-    for stage in stages:
-        ms = [1000 * r.split.get(stage, 0.0) / max(r.rounds, 1) for r in sweep.values()]
-        right.bar([str(b) for b in budgets], ms, bottom=bottom, label=stage)
-        bottom = [a + b for a, b in zip(bottom, ms, strict=True)]
-    right.set_xlabel("budget B")
-    right.set_ylabel("ms per round")
-    right.set_title("a round's time split")
-    right.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    print(f"# wrote {path}", file=sys.stderr)

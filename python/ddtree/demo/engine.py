@@ -7,17 +7,26 @@ the pages ``page_table[b]`` (page size ``page_size``), token t of its sequence l
 ``page_table[b][t // ps] * ps + t % ps``. A verify round writes the tree's K/V into the
 slots of positions ``P .. P+Q-1`` (SGLang's ``out_cache_loc``); after the accept,
 ``compact_kv`` moves the accepted path's rows to positions ``P .. P+accept_len-1``.
+
+The decode-side forward is written for CUDA-graph replay, where what counts is the number of
+kernels per layer, not Python: one GEMM for Q, K, V and their rotate-half images (the RoPE
+rotation folded into the weights, so RoPE is a multiply and a fused multiply-add), RoPE's
+cos/sin read from a table made once, the residual adds fused into the output GEMMs
+(``addmm``), gate and up in one GEMM, and ``F.rms_norm``. Every decoder of the demo runs this
+same forward, so they stay comparable token for token.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 import ddtree
 
-from .model import Weights, rms_norm, rope
+from .model import Config, Layer, Weights
 
 
 class Pool:
@@ -27,6 +36,7 @@ class Pool:
         cfg = w.config
         self.page_size = page_size
         pages = -(-max_tokens // page_size)
+        self.positions = pages * page_size  # positions a request can hold
         self.slots = bs * pages * page_size
         shape = (self.slots, cfg.n_kv_heads, cfg.head_dim)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_layers)]
@@ -47,6 +57,49 @@ class Pool:
         return self.k + self.v
 
 
+def rotate_rows(w: torch.Tensor, heads: int) -> torch.Tensor:
+    """The rows of a Q or K weight whose product is rotate_half of the original's: per head,
+    ``[-w2; w1]`` for the halves ``w1, w2`` (exact: a permutation and signs)."""
+    d = w.shape[0] // heads
+    w = w.view(heads, 2, d // 2, -1)
+    return torch.cat([-w[:, 1], w[:, 0]], dim=1).reshape(heads * d, -1)
+
+
+@dataclass
+class FusedLayer:
+    """One block's weights laid out for the decode forward."""
+
+    attn_norm: torch.Tensor
+    qkv: torch.Tensor  # [(Hq+Hkv)*D + Hkv*D + (Hq+Hkv)*D, H]: q, k, v, rot(q), rot(k)
+    wo_t: torch.Tensor  # [Hq*D, H] (a transposed view, for addmm)
+    ffn_norm: torch.Tensor
+    gate_up: torch.Tensor  # [2F, H]
+    down_t: torch.Tensor  # [F, H]
+
+    @classmethod
+    def of(cls, lay: Layer, cfg: Config) -> FusedLayer:
+        rot = [rotate_rows(lay.wq, cfg.n_heads), rotate_rows(lay.wk, cfg.n_kv_heads)]
+        return cls(
+            attn_norm=lay.attn_norm,
+            qkv=torch.cat([lay.wq, lay.wk, lay.wv, *rot]).contiguous(),
+            wo_t=lay.wo.T,
+            ffn_norm=lay.ffn_norm,
+            gate_up=torch.cat([lay.w_gate, lay.w_up]).contiguous(),
+            down_t=lay.w_down.T,
+        )
+
+
+def rope_tables(cfg: Config, positions: int, device, dtype):
+    """cos and sin ``[positions, 1, D]`` in ``dtype``, as ``model.rope`` computes them."""
+    d = cfg.head_dim
+    inv_freq = 1.0 / (
+        cfg.rope_theta ** (torch.arange(0, d, 2, device=device, dtype=torch.float32) / d)
+    )
+    angles = torch.arange(positions, device=device, dtype=torch.float32)[:, None] * inv_freq
+    angles = torch.cat([angles, angles], dim=-1)[:, None, :]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
 class Engine:
     """The target model's forwards over a `Pool`; `draft_layers` of them are the drafter."""
 
@@ -54,78 +107,100 @@ class Engine:
         self.w, self.pool, self.cfg = w, pool, w.config
         self.draft_layers = draft_layers
         self.sm_scale = 1 / math.sqrt(self.cfg.head_dim)
+        self.layers = [FusedLayer.of(lay, self.cfg) for lay in w.layers]
+        dev, dtype = w.embed.device, w.embed.dtype
+        self.cos, self.sin = rope_tables(self.cfg, pool.positions, dev, dtype)
         self.workspaces: dict[tuple, ddtree.AttentionWorkspace] = {}
 
+    @property
+    def device(self) -> torch.device:
+        return self.w.embed.device
+
     def workspace(self, bs: int, q_nodes: int):
-        """The attention workspace of a (bs, Q) shape on CUDA, made once (None on the CPU)."""
-        if self.pool.k[0].device.type != "cuda":
+        """The attention workspace of a (bs, Q) shape on CUDA, made once (None on the CPU).
+        Made outside any capture: a decoder calls it before capturing its round."""
+        if self.device.type != "cuda":
             return None
         key = (bs, q_nodes)
         if key not in self.workspaces:
             cfg = self.cfg
             self.workspaces[key] = ddtree.AttentionWorkspace(
-                self.pool.k[0].device, max_batch=bs, q_nodes=q_nodes, hq=cfg.n_heads,
+                self.device, max_batch=bs, q_nodes=q_nodes, hq=cfg.n_heads,
                 hkv=cfg.n_kv_heads, dqk=cfg.head_dim, dv=cfg.head_dim,
             )  # fmt: skip
         return self.workspaces[key]
 
+    def norm(self, h, weight):
+        return F.rms_norm(h, (h.shape[-1],), weight, self.cfg.rms_eps)
+
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        return (rms_norm(h, self.w.norm, self.cfg.rms_eps) @ self.w.embed.T).float()
+        return (self.norm(h, self.w.norm) @ self.w.embed.T).float()
 
-    def qkv(self, layer, h, positions):
-        """Projections of hidden states [n, H] at `positions` [n], RoPE applied."""
+    def rope(self, positions):
+        """cos and sin ``[n, 1, D]`` of `positions` [n], gathered once per forward."""
+        return self.cos[positions], self.sin[positions]
+
+    def qkv(self, lay: FusedLayer, h, rope):
+        """Q, K (RoPE applied, `rope` = self.rope(positions)) and V of hidden states [n, H]:
+        views."""
         cfg = self.cfg
-        x = rms_norm(h, layer.attn_norm, cfg.rms_eps)
-        q = (x @ layer.wq.T).view(-1, cfg.n_heads, cfg.head_dim)
-        k = (x @ layer.wk.T).view(-1, cfg.n_kv_heads, cfg.head_dim)
-        v = (x @ layer.wv.T).view(-1, cfg.n_kv_heads, cfg.head_dim)
-        return rope(q, positions, cfg.rope_theta), rope(k, positions, cfg.rope_theta), v
+        n, d = h.shape[0], cfg.head_dim
+        heads = cfg.n_heads + cfg.n_kv_heads
+        y = self.norm(h, lay.attn_norm) @ lay.qkv.T
+        qk = y[:, : heads * d].view(n, heads, d)
+        v = y[:, heads * d : (heads + cfg.n_kv_heads) * d].view(n, cfg.n_kv_heads, d)
+        rot = y[:, (heads + cfg.n_kv_heads) * d :].view(n, heads, d)
+        cos, sin = rope
+        qk = torch.addcmul(qk * cos, rot, sin)
+        return qk[:, : cfg.n_heads], qk[:, cfg.n_heads :], v
 
-    def mlp(self, layer, h):
-        x = rms_norm(h, layer.ffn_norm, self.cfg.rms_eps)
-        gate = torch.nn.functional.silu(x @ layer.w_gate.T)
-        return h + (gate * (x @ layer.w_up.T)) @ layer.w_down.T
+    def mlp(self, lay: FusedLayer, h):
+        gu = self.norm(h, lay.ffn_norm) @ lay.gate_up.T
+        f = self.cfg.ffn
+        return torch.addmm(h, F.silu(gu[:, :f]) * gu[:, f:], lay.down_t)
 
     def prefill(self, b: int, tokens: list[int]) -> torch.Tensor:
-        """Request b's prompt into the pool (positions 0..T-1); returns its last logits."""
-        dev = self.pool.k[0].device
+        """Request b's prompt into the pool (positions 0..T-1); returns its last logits.
+        Eager, one request at a time, causal SDPA over the prompt."""
+        dev = self.device
         t = torch.tensor(tokens, device=dev)
         pos = torch.arange(len(tokens), device=dev)
         slots = self.pool.slots_of(torch.tensor([b], device=dev), pos.unsqueeze(0))[0]
         h = self.w.embed[t]
         group = self.cfg.n_heads // self.cfg.n_kv_heads
-        for i, layer in enumerate(self.w.layers):
-            q, k, v = self.qkv(layer, h, pos)
+        rope = self.rope(pos)
+        for i, lay in enumerate(self.layers):
+            q, k, v = self.qkv(lay, h, rope)
             self.pool.k[i][slots], self.pool.v[i][slots] = k, v
             kk, vv = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-            o = torch.nn.functional.scaled_dot_product_attention(
+            o = F.scaled_dot_product_attention(
                 q.transpose(0, 1), kk.transpose(0, 1), vv.transpose(0, 1), is_causal=True
             ).transpose(0, 1)
-            h = h + o.reshape(len(tokens), -1) @ layer.wo.T
-            h = self.mlp(layer, h)
+            h = torch.addmm(h, o.reshape(len(tokens), -1), lay.wo_t)
+            h = self.mlp(lay, h)
         return self.logits(h[-1:])[0]
 
     def verify(self, tree: ddtree.Tree, prefix_lens, window, layers=None):
         """The verify forward of `tree` (node tokens at their positions, attention by the
         tree's ancestor bits over each request's prefix): writes the nodes' K/V into the
         `window` slots [bs, Q] and returns logits [bs, Q, V] (hidden [bs*Q, H] if `layers`
-        stops early, for the drafter)."""
+        stops early, for the drafter). No host sync and, on CUDA, capturable."""
         bs, q_nodes = tree.verify_ids.shape
-        tokens = tree.verify_ids.flatten()
-        positions = tree.positions.flatten()
-        h = self.w.embed[tokens]
+        rope = self.rope(tree.positions.flatten())
+        h = self.w.embed[tree.verify_ids.flatten()]
         workspace = self.workspace(bs, q_nodes)
         slots = window.flatten()
-        for i, layer in enumerate(self.w.layers[: layers or self.cfg.n_layers]):
-            q, k, v = self.qkv(layer, h, positions)
-            self.pool.k[i][slots], self.pool.v[i][slots] = k, v
+        for i, lay in enumerate(self.layers[: layers or self.cfg.n_layers]):
+            q, k, v = self.qkv(lay, h, rope)
+            self.pool.k[i].index_copy_(0, slots, k)
+            self.pool.v[i].index_copy_(0, slots, v)
             o = ddtree.tree_attention(
                 q, k, v, self.pool.k[i], self.pool.v[i], self.pool.kv_indptr,
                 self.pool.kv_indices, prefix_lens, tree, sm_scale=self.sm_scale,
                 page_size=self.pool.page_size, workspace=workspace,
             )  # fmt: skip
-            h = h + o.reshape(bs * q_nodes, -1) @ layer.wo.T
-            h = self.mlp(layer, h)
+            h = torch.addmm(h, o.reshape(bs * q_nodes, -1), lay.wo_t)
+            h = self.mlp(lay, h)
         if layers is not None:
             return h
         return self.logits(h).view(bs, q_nodes, -1)

@@ -33,19 +33,6 @@ def first_divergence(greedy_ids, other_ids, margins) -> dict | None:
     return None
 
 
-def divergences(results: dict) -> dict:
-    """decoder -> one first_divergence per prompt, for every decoder beside greedy ("ar")."""
-    ar = results["ar"]
-    return {
-        name: [
-            first_divergence(g, o, m)
-            for g, o, m in zip(ar.tokens, r.tokens, ar.margins, strict=True)
-        ]
-        for name, r in results.items()
-        if name != "ar"
-    }
-
-
 def trace_intervals(trace: dict, categories=GPU_WORK) -> list[tuple[float, float, str]]:
     """(start, end, name) in µs of every complete event of `categories` (by default the
     kernels, copies and fills) in a chrome trace (the torch profiler's export), by start."""
@@ -65,6 +52,26 @@ def from_marker(named: list, marker: str) -> tuple[list[tuple[float, float]], bo
     return [(s, e) for s, e, _ in named if s >= starts[0]], True
 
 
+def stage_split(named: list, stages: tuple) -> dict:
+    """Milliseconds per round of each stage, from the trace of a decode whose rounds put a
+    marker kernel before every stage (`named`: trace_intervals' (start, end, name) list).
+    A stage runs from the end of its marker to the start of the next one (the last stage of
+    the last round: to the last device work), so host time inside a round (a host tree
+    build) counts in its stage, as idle device time."""
+    from ddtree.bench_loop import MARKER
+
+    marks = [(s, e) for s, e, name in named if MARKER in name]
+    if not marks:
+        return {}
+    end = max(e for _, e, _ in named)
+    starts = [s for s, _ in marks[1:]] + [end]
+    totals = [0.0] * len(stages)
+    for i, ((_, after), nxt) in enumerate(zip(marks, starts, strict=True)):
+        totals[i % len(stages)] += nxt - after
+    rounds = max(len(marks) // len(stages), 1)
+    return {stage: t / rounds / 1e3 for stage, t in zip(stages, totals, strict=True)}
+
+
 def profiled_trace(fn: Callable, with_cpu: bool = False):
     """Run `fn()` under the torch profiler; returns (fn's result, chrome trace). Device
     activity only by default: recording every host op too slows the host down, which
@@ -81,6 +88,33 @@ def profiled_trace(fn: Callable, with_cpu: bool = False):
         prof.export_chrome_trace(path)
         with open(path) as f:
             return out, json.load(f)
+
+
+def kernel_table(named: list, rounds: int, top: int = 15) -> list[dict]:
+    """The `top` kernels by device time: name (shortened), calls and µs per round."""
+    from ddtree.bench_loop import MARKER
+
+    total: dict[str, list] = {}
+    for s, e, name in named:
+        if MARKER in name:
+            continue
+        t = total.setdefault(name[:90], [0, 0.0])
+        t[0] += 1
+        t[1] += e - s
+    rows = sorted(total.items(), key=lambda kv: -kv[1][1])[:top]
+    r = max(rounds, 1)
+    return [{"kernel": k, "calls_per_round": c / r, "us_per_round": t / r} for k, (c, t) in rows]
+
+
+def profiled_split(decode: Callable, stages: tuple) -> tuple[dict, list]:
+    """`stage_split` and `kernel_table` of one profiled decode: `decode()` runs the rounds
+    with a marker before each stage."""
+    from ddtree.bench_loop import MARKER
+
+    _, trace = profiled_trace(decode)
+    named = trace_intervals(trace)
+    marks = sum(MARKER in name for _, _, name in named)
+    return stage_split(named, stages), kernel_table(named, marks // max(len(stages), 1))
 
 
 def gpu_idle(decode: Callable) -> dict:
