@@ -79,6 +79,43 @@ def test_every_decoder_decodes_exactly_what_greedy_decodes(page_size):
     assert spec["ddtree"].rounds < greedy.rounds
 
 
+class HiddenReader(decode.EarlyExitDrafter):
+    """The early-exit drafter, also asking for the target's last-layer hidden states of
+    the accepted rows (what a DFlash drafter reads), and recording them."""
+
+    hidden_layers = (29,)
+
+    def __init__(self, *a):
+        super().__init__(*a)
+        self.seen = []
+
+    def absorb(self, hidden, accept_len):
+        self.seen.append((hidden.clone(), accept_len.clone()))
+
+
+@needs_model
+@pytest.mark.parametrize("name", ["ddtree", "cpu-build"])
+def test_a_drafter_gets_the_accepted_rows_hidden_states(name):
+    tok = model.load_tokenizer()
+    weights = model.load_weights(dtype=torch.float32)
+    prompts = [tok.chat("Write a haiku about the sea.")]
+    a = demo_args(["--max-new-tokens", "8", "--budget", "7"])
+    engine = cli.new_engine(weights, prompts, a, torch.device("cpu"))
+    drafter = HiddenReader(engine, 1, a.depth)
+    cls = decode.CpuBuild if name == "cpu-build" else decode.Speculative
+    dec = cls(engine, 1, 8, engine.cfg.eos_id, drafter, 7)
+    r = dec.decode(prompts)
+    assert len(drafter.seen) == r.rounds
+    # Row j of an accepted path is node j's final hidden state: the target's next token
+    # after it is committed token j of the round. Rounds in order give the decode.
+    nxt = []
+    for hidden, n in drafter.seen:
+        assert hidden.shape == (1, a.depth + 1, engine.cfg.hidden)
+        nxt += engine.logits(hidden[0, : int(n[0])]).argmax(-1).tolist()
+        assert hidden[0, int(n[0]) :].abs().sum() == 0  # zeros past the path
+    assert nxt[:7] == r.tokens[0][1:8]
+
+
 def test_chain_tree_is_causal():
     t = decode.chain_tree(torch.tensor([[5, 6, 7]]), torch.tensor([10]))
     assert t.visibility()[0].tolist() == [[1, 0, 0], [1, 1, 0], [1, 1, 1]]

@@ -106,3 +106,33 @@ def test_bf16_decoders_part_from_greedy_only_at_near_ties():
             d = first_divergence(g, o, m)
             if d is not None and d["greedy_margin"] is not None:
                 assert d["greedy_margin"] <= 0.25, (name, d)
+
+
+def test_a_hidden_state_drafter_gets_the_accepted_rows_inside_the_graph():
+    """A drafter naming target layers gets the accepted path's hidden rows after every
+    accept (Stepper.gather_hidden in the round's graph), as the eager round gives them."""
+    from ddtree.demo import decode
+
+    class Reader(decode.EarlyExitDrafter):
+        hidden_layers = (29,)
+
+        def absorb(self, hidden, accept_len):  # static buffers: replays rewrite them
+            if not hasattr(self, "last"):
+                self.last = torch.zeros_like(hidden)
+                self.n = torch.zeros_like(accept_len)
+            self.last.copy_(hidden)
+            self.n.copy_(accept_len)
+
+    engine, prompts, args = setup(torch.bfloat16)
+    got = []
+    for eager in (True, False):
+        drafter = Reader(engine, len(prompts), args.depth)
+        dec = decode.Speculative(engine, len(prompts), 24, engine.cfg.eos_id, drafter, 15)
+        dec.eager = eager
+        r = dec.decode(prompts)
+        got.append((r.tokens, drafter.last.clone(), drafter.n.clone()))
+    assert got[0][0] == got[1][0]
+    assert torch.equal(got[0][1], got[1][1]) and torch.equal(got[0][2], got[1][2])
+    hidden, n = got[1][1], got[1][2]
+    assert all(hidden[b, int(n[b]) :].abs().sum() == 0 for b in range(len(prompts)))
+    assert hidden[:, 0].abs().sum() > 0

@@ -246,6 +246,7 @@ def as_json(texts, prompts, rows, args, device, dtype) -> dict:
             "seconds": r.seconds, "rounds": r.rounds, "accepted": r.accepted,
             "ms_per_round": 1000 * r.seconds / max(r.rounds, 1), "gpu_idle": r.idle,
             "split_ms": r.split, "kernels": r.kernels, "divergence": div,
+            "queued_ahead": r.queued_ahead,
         }  # fmt: skip
 
     return {
@@ -299,8 +300,27 @@ def report(tok, prompts, rows, args, device, dtype) -> None:
         "are CUDA-only measurements (profiled decodes). The early-exit drafter costs most of "
         "a round, so DDTree with it cannot beat greedy; the H200 numbers are in BENCHMARKS.md."
     )
+    report_kernels(doc)
     if args.temperature <= 0 and greedy is not None:
         report_divergences(tok, doc)
+
+
+def report_kernels(doc, top: int = 6) -> None:
+    """Where a round's time goes, for greedy and the first DDTree row (profiled, CUDA)."""
+    for d in doc["decoders"]:
+        first_tree = d["decoder"] == "ddtree" and d["budget"] == min(
+            e["budget"] for e in doc["decoders"] if e["decoder"] == "ddtree"
+        )
+        if not d["kernels"] or not (d["decoder"] == "greedy" or first_tree):
+            continue
+        name = d["decoder"] + ("" if d["budget"] is None else f" B={d['budget']}")
+        cells = ", ".join(
+            f"{k['kernel'][:40]} {k['us_per_round']:.0f} us ({k['calls_per_round']:.0f}x)"
+            for k in d["kernels"][:top]
+        )
+        ahead = d["queued_ahead"]
+        queued = "" if ahead is None else f"; next round already queued at {ahead:.0%} of ends"
+        print(f"# {name}, top kernels per round: {cells}{queued}")
 
 
 def report_divergences(tok, doc) -> None:

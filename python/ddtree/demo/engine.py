@@ -180,16 +180,19 @@ class Engine:
             h = self.mlp(lay, h)
         return self.logits(h[-1:])[0]
 
-    def verify(self, tree: ddtree.Tree, prefix_lens, window, layers=None):
+    def verify(self, tree: ddtree.Tree, prefix_lens, window, layers=None, keep=()):
         """The verify forward of `tree` (node tokens at their positions, attention by the
         tree's ancestor bits over each request's prefix): writes the nodes' K/V into the
         `window` slots [bs, Q] and returns logits [bs, Q, V] (hidden [bs*Q, H] if `layers`
-        stops early, for the drafter). No host sync and, on CUDA, capturable."""
+        stops early, for the drafter). With `keep` (layer indices), returns (logits, the
+        hidden states after those layers side by side [bs*Q, len(keep)*H]) — what a drafter
+        that reads the target's hidden states asks for. No host sync; capturable on CUDA."""
         bs, q_nodes = tree.verify_ids.shape
         rope = self.rope(tree.positions.flatten())
         h = self.w.embed[tree.verify_ids.flatten()]
         workspace = self.workspace(bs, q_nodes)
         slots = window.flatten()
+        kept = []
         for i, lay in enumerate(self.layers[: layers or self.cfg.n_layers]):
             q, k, v = self.qkv(lay, h, rope)
             self.pool.k[i].index_copy_(0, slots, k)
@@ -201,6 +204,9 @@ class Engine:
             )  # fmt: skip
             h = torch.addmm(h, o.reshape(bs * q_nodes, -1), lay.wo_t)
             h = self.mlp(lay, h)
+            if i in keep:
+                kept.append(h)
         if layers is not None:
             return h
-        return self.logits(h).view(bs, q_nodes, -1)
+        logits = self.logits(h).view(bs, q_nodes, -1)
+        return (logits, torch.cat(kept, dim=1)) if keep else logits
