@@ -116,6 +116,28 @@ def test_a_drafter_gets_the_accepted_rows_hidden_states(name):
     assert nxt[:7] == r.tokens[0][1:8]
 
 
+def test_committed_tokens_are_sglangs_verified_ids():
+    """The round's committed tokens (on the device) are verify_output's verified_id."""
+    import ddtree
+    import ddtree.sglang
+
+    g = torch.Generator().manual_seed(3)
+    bs, depth, vocab = 6, 4, 50
+    draft = torch.randn(bs, depth, vocab, generator=g) * 3
+    tree = ddtree.build_tree(draft, torch.randint(0, vocab, (bs,), generator=g),
+                             torch.full((bs,), 7), budget=15)  # fmt: skip
+    # Targets that agree with the drafts often, so paths of several lengths occur.
+    target = torch.randn(bs, 16, vocab, generator=g)
+    target.scatter_add_(2, tree.verify_ids.roll(-1, 1).unsqueeze(2), torch.full((bs, 16, 1), 4.0))
+    acc = ddtree.accept_tree(tree, target)
+    want = ddtree.sglang.verify_output(acc, tree)["verified_id"]
+    got = decode.committed(acc)
+    n = acc.accept_len.tolist()
+    assert len(set(n)) > 1
+    for b in range(bs):
+        assert got[b, : n[b]].tolist() == want[b, : n[b]].tolist()
+
+
 def test_chain_tree_is_causal():
     t = decode.chain_tree(torch.tensor([[5, 6, 7]]), torch.tensor([10]))
     assert t.visibility()[0].tolist() == [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
@@ -252,7 +274,7 @@ def synthetic_doc():
     return {"decoders": [
         {**entry, "decoder": "greedy", "tokens_per_s": 500.0},
         {**entry, "decoder": "ddtree", "budget": 63, "tokens_per_s": 250.0, "ids": [[1, 3]],
-         "accepted": 1.9, "gpu_idle": {"idle": 0.125},
+         "accepted": 1.9, "gpu_idle": {"idle": 0.125, "busy_ms": 1.9},
          "split_ms": {"draft": 6.0, "build": 0.08, "verify": 2.0, "accept_commit": 0.1}},
     ]}  # fmt: skip
 
@@ -262,7 +284,7 @@ def test_table_is_aligned_and_relative_to_greedy():
     assert lines[0].split()[:3] == ["decoder", "B", "tokens/s"]
     assert lines[1].split()[:5] == ["greedy", "-", "500.0", "1.00", "1.00"]
     assert lines[2].split() == ["ddtree", "63", "250.0", "0.50", "1.90", "10", "2.00",
-                                "12.5%", "6.00", "/", "0.08", "/", "2.00", "/", "0.10",
+                                "12.5%", "5.0%", "6.00", "/", "0.08", "/", "2.00", "/", "0.10",
                                 "0", "of", "1"]  # fmt: skip
     # Columns line up: every row's second cell starts where the header's does.
     at = lines[0].index(" B ") + 1
