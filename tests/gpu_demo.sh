@@ -6,14 +6,16 @@
 #   * the GGUF in parts (one call carries at most 64 MiB): .gguf/part_01 and .gguf/part_02,
 #     and part_00 in .gguf/ or saved at /tmp/g/part_00 by an earlier call on the same machine;
 #   * gguf: .whl/gguf-*.whl unless already importable (the machine's image lacks it).
-# STEPS (default "tests demo"): `tests` runs tests/test_gpu_demo.py; `demo` runs
+# STEPS (default "tests default demo"): `tests` runs tests/test_gpu_demo.py and the README
+# example's GPU test; `default` runs `python -m ddtree demo --device cuda` as a user would
+# (its report in $OUT/demo.txt); `demo` runs
 # `python -m ddtree demo --device cuda --bs N --json` for each N in $BS (default "1 8 32")
 # and writes $OUT/bsN.json, its table in $OUT/summary.md, progress in $OUT/run.log.
 # DEMO_ARGS adds flags to every demo run (e.g. "--max-new-tokens 32 --budget 63").
-set -u
+set -u -o pipefail
 OUT=${OUT:-/tmp/ddtree-demo-out}
 BS=${BS:-"1 8 32"}
-STEPS=${STEPS:-"tests demo"}
+STEPS=${STEPS:-"tests default demo"}
 DEMO_ARGS=${DEMO_ARGS:-}
 TAG=${TAG:-}  # appended to the JSON file names, for runs of one bs with other DEMO_ARGS
 STEP_SECONDS=${STEP_SECONDS:-400}
@@ -44,8 +46,14 @@ for step in $STEPS; do
     case $step in
     tests)
         log "tests/test_gpu_demo.py"
-        timeout "$STEP_SECONDS" python3 -m pytest -q -m gpu tests/test_gpu_demo.py -p no:cacheprovider \
+        timeout "$STEP_SECONDS" python3 -m pytest -q -m gpu tests/test_gpu_demo.py tests/test_readme.py \
+            -p no:cacheprovider \
             2>&1 | tail -40 | tee "$OUT/tests.log" || status=1
+        ;;
+    default)
+        log "demo --device cuda"
+        timeout "$STEP_SECONDS" python3 -m ddtree demo --device cuda > "$OUT/demo.txt" \
+            2>> "$OUT/run.log" || status=1
         ;;
     demo)
         for bs in $BS; do
