@@ -290,9 +290,19 @@ def table(doc: dict) -> str:
             "-" if idle is None else f"{idle['idle']:.1%}", idle_estimate(d),
             cells if split else "-", same,
         ))  # fmt: skip
-    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    # Columns with nothing measured (the CUDA-only ones, on the CPU) are left out.
+    keep = [i for i in range(len(head)) if any(line[i] != "-" for line in lines[1:])]
+    lines = [tuple(line[i] for i in keep) for line in lines]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(keep))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
                      for line in lines)  # fmt: skip
+
+
+CUDA_NOTE = (
+    " GPU idle: over a profiled decode's rounds; idle est.: the timed decode's, from its "
+    "ms/round and the GPU's busy time per round (the profiler adds gaps between a graph's "
+    "kernels); the split: a profiled decode with a marker before each stage."
+)
 
 
 def report(tok, prompts, rows, args, device, dtype) -> None:
@@ -307,13 +317,12 @@ def report(tok, prompts, rows, args, device, dtype) -> None:
     print(table(doc))
     print(
         "\ntokens/s: generated tokens over the decode, prefill left out; tokens/round: "
-        "tokens committed per round (the bonus included). CUDA only: GPU idle over a profiled "
-        "decode's rounds, and an estimate for the timed decode (its ms/round against the GPU's "
-        "busy time per round: the profiler adds gaps between a graph's kernels); the split "
-        "comes from a profiled decode with a marker before each stage. The early-exit "
-        "drafter costs most of a round, so DDTree with it cannot beat greedy; the H200 "
-        "numbers are in BENCHMARKS.md."
-    )
+        "tokens committed per round (the bonus included)."
+        + (CUDA_NOTE if device.type == "cuda" else " --device cuda adds GPU idle and "
+           "each round's split.")
+        + " The early-exit drafter costs most of a round, so DDTree with it cannot beat "
+        "greedy; the H200 numbers are in BENCHMARKS.md."
+    )  # fmt: skip
     report_kernels(doc)
     if args.temperature <= 0 and greedy is not None:
         report_divergences(tok, doc)
