@@ -89,7 +89,7 @@ class HiddenReader(decode.EarlyExitDrafter):
         super().__init__(*a)
         self.seen = []
 
-    def absorb(self, hidden, accept_len):
+    def absorb(self, hidden, accept_len, prefix):
         self.seen.append((hidden.clone(), accept_len.clone()))
 
 

@@ -116,7 +116,7 @@ def test_a_hidden_state_drafter_gets_the_accepted_rows_inside_the_graph():
     class Reader(decode.EarlyExitDrafter):
         hidden_layers = (29,)
 
-        def absorb(self, hidden, accept_len):  # static buffers: replays rewrite them
+        def absorb(self, hidden, accept_len, prefix):  # static buffers: replays rewrite them
             if not hasattr(self, "last"):
                 self.last = torch.zeros_like(hidden)
                 self.n = torch.zeros_like(accept_len)

@@ -94,10 +94,12 @@ class Drafter(Protocol):
     * ``__call__(roots, prefix)``: per-depth draft logits ``[bs, L, V]`` for each request's
       root token after its `prefix` committed tokens;
     * ``hidden_layers``: the target layers whose output hidden states it reads (empty: none);
-      when it names some, every round's verify keeps them and, after the accept,
-      ``absorb(hidden, accept_len)`` hands it the accepted path's rows ``[bs, L+1,
-      len(hidden_layers) * H]`` (root first, ``Stepper.gather_hidden``; the first
-      `accept_len` rows of a request are real) — a DFlash drafter's context.
+      when it names some, the prefill hands it each prompt's rows through ``start(b,
+      hidden [T, len(hidden_layers) * H])``, every round's verify keeps them and, after the
+      accept, ``absorb(hidden, accept_len, prefix)`` hands it the accepted path's rows
+      ``[bs, L+1, len(hidden_layers) * H]`` (root first, at positions ``prefix ..``;
+      ``Stepper.gather_hidden``; the first `accept_len` rows of a request are real) — a
+      DFlash drafter's context (`dflash.DFlashDrafter`).
     """
 
     depth: int
@@ -105,7 +107,9 @@ class Drafter(Protocol):
 
     def __call__(self, roots: torch.Tensor, prefix: torch.Tensor) -> torch.Tensor: ...
 
-    def absorb(self, hidden: torch.Tensor, accept_len: torch.Tensor) -> None: ...
+    def start(self, b: int, hidden: torch.Tensor) -> None: ...
+
+    def absorb(self, hidden: torch.Tensor, accept_len: torch.Tensor, prefix) -> None: ...
 
 
 class EarlyExitDrafter:
@@ -140,7 +144,10 @@ class EarlyExitDrafter:
             self.chain[:, d + 1].copy_(logits.argmax(-1))
         return torch.stack(out, dim=1)
 
-    def absorb(self, hidden, accept_len) -> None:  # pragma: no cover - asks for none
+    def start(self, b, hidden) -> None:  # pragma: no cover - it asks for no hidden states
+        pass
+
+    def absorb(self, hidden, accept_len, prefix) -> None:  # pragma: no cover - the same
         pass
 
 
@@ -243,7 +250,16 @@ class Decoder:
 
     def prefill(self, prompts: list[list[int]]) -> None:
         e, s = self.engine, self.state
-        first = torch.stack([e.prefill(b, ids) for b, ids in enumerate(prompts)])
+        drafter = getattr(self, "drafter", None)
+        keep = drafter.hidden_layers if drafter is not None else ()
+        first = []
+        for b, ids in enumerate(prompts):
+            out = e.prefill(b, ids, keep=keep)
+            if keep:
+                out, hidden = out
+                drafter.start(b, hidden)
+            first.append(out)
+        first = torch.stack(first)
         roots = sample(first, self.temperature)
         prefix = torch.tensor([len(p) for p in prompts], device=e.device)
         s.start(roots, prefix, top2_margin(first))
@@ -399,7 +415,7 @@ class Speculative(Decoder):
         self.stepper.compact_kv(self.window, readback=True)
         if self.context is not None:
             self.stepper.gather_hidden(self.hidden, self.context)
-            self.drafter.absorb(self.context, acc.accept_len)
+            self.drafter.absorb(self.context, acc.accept_len, self.state.prefix)
         self.state.commit(committed(acc), acc.accept_len, acc.bonus)
 
 
@@ -464,7 +480,7 @@ class CpuBuild(Speculative):
         ddtree.compact_kv(acc, self.window, self.table)
         if self.context is not None:
             ddtree.gather_hidden(acc, self.hidden, out=self.context)
-            self.drafter.absorb(self.context, acc.accept_len)
+            self.drafter.absorb(self.context, acc.accept_len, self.state.prefix)
         self.state.commit(committed(acc), acc.accept_len, acc.bonus)
 
     def prepare(self) -> None:

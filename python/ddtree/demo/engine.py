@@ -159,9 +159,11 @@ class Engine:
         f = self.cfg.ffn
         return torch.addmm(h, F.silu(gu[:, :f]) * gu[:, f:], lay.down_t)
 
-    def prefill(self, b: int, tokens: list[int]) -> torch.Tensor:
-        """Request b's prompt into the pool (positions 0..T-1); returns its last logits.
-        Eager, one request at a time, causal SDPA over the prompt."""
+    def prefill(self, b: int, tokens: list[int], keep=()) -> torch.Tensor:
+        """Request b's prompt into the pool (positions 0..T-1); returns its last logits
+        (and with `keep`, layer indices, the hidden states after those layers side by side
+        [T, len(keep) * H], for a drafter's context). Eager, one request at a time, causal
+        SDPA over the prompt."""
         dev = self.device
         t = torch.tensor(tokens, device=dev)
         pos = torch.arange(len(tokens), device=dev)
@@ -169,6 +171,7 @@ class Engine:
         h = self.w.embed[t]
         group = self.cfg.n_heads // self.cfg.n_kv_heads
         rope = self.rope(pos)
+        kept = []
         for i, lay in enumerate(self.layers):
             q, k, v = self.qkv(lay, h, rope)
             self.pool.k[i][slots], self.pool.v[i][slots] = k, v
@@ -178,7 +181,10 @@ class Engine:
             ).transpose(0, 1)
             h = torch.addmm(h, o.reshape(len(tokens), -1), lay.wo_t)
             h = self.mlp(lay, h)
-        return self.logits(h[-1:])[0]
+            if i in keep:
+                kept.append(h)
+        logits = self.logits(h[-1:])[0]
+        return (logits, torch.cat(kept, dim=1)) if keep else logits
 
     def verify(self, tree: ddtree.Tree, prefix_lens, window, layers=None, keep=()):
         """The verify forward of `tree` (node tokens at their positions, attention by the

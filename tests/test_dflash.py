@@ -1,0 +1,126 @@
+"""The DFlash drafter on a tiny random target (CPU): its round forward through the tree
+attention over its context pool equals the dense reference, round after round as the
+context grows by accepted rows; training's batched forward equals the reference per anchor;
+and it plugs into the decoders, which stay lossless."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ddtree.demo import decode, dflash
+from ddtree.demo.engine import Engine, Pool
+from ddtree.demo.model import Config, Layer, Weights
+
+
+def tiny_target(seed: int = 0) -> Weights:
+    cfg = Config(n_layers=4, hidden=64, n_heads=4, n_kv_heads=2, head_dim=16, ffn=96,
+                 rope_theta=10000.0, rms_eps=1e-5, vocab=97, bos_id=0, eos_id=1)  # fmt: skip
+    g = torch.Generator().manual_seed(seed)
+
+    def w(*shape, std=0.15):
+        return torch.randn(*shape, generator=g) * std
+
+    def norm():
+        return 1 + w(cfg.hidden, std=0.1)
+
+    layers = [
+        Layer(
+            norm(),
+            w(64, 64),
+            w(32, 64),
+            w(32, 64),
+            w(64, 64),
+            norm(),
+            w(96, 64),
+            w(96, 64),
+            w(64, 96),
+        )  # fmt: skip
+        for _ in range(cfg.n_layers)
+    ]
+    return Weights(cfg, w(cfg.vocab, 64, std=1.0), layers, norm())
+
+
+def drafter_setup(bs=2, block=4, layers=2, page_size=4, seed=1):
+    target = tiny_target()
+    cfg = dflash.DraftConfig(target.config, layers=layers, block=block, taps=(0, 2))
+    w = dflash.DraftWeights.init(cfg, seed=seed)
+    # Larger than the init so the test sees every term (the init's std is 0.02).
+    w = dflash.DraftWeights.from_tensors({k: v * 5 if v.dim() == 2 else v + 0.3 * torch.randn(
+        v.shape, generator=torch.Generator().manual_seed(7)) for k, v in w.tensors().items()},
+        layers)  # fmt: skip
+    pool = Pool(target, bs, 64, page_size, "cpu", torch.float32)
+    engine = Engine(target, pool, draft_layers=2)
+    return target, cfg, w, engine
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_the_round_forward_equals_the_reference_as_the_context_grows(page_size):
+    target, cfg, w, engine = drafter_setup(page_size=page_size)
+    drafter = dflash.DFlashDrafter(engine, w, cfg, bs=2)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(2, 97, (n,), generator=g).tolist() for n in (7, 11)]
+    contexts = []
+    for b, ids in enumerate(prompts):
+        _, hidden = engine.prefill(b, ids, keep=cfg.taps)
+        assert hidden.shape == (len(ids), 2 * 64)
+        drafter.start(b, hidden)
+        contexts.append(hidden)
+    prefix = torch.tensor([7, 11])
+    for accept in ([3, 1], [5, 2], [1, 4]):  # three rounds, ragged acceptances
+        roots = torch.randint(2, 97, (2,), generator=g)
+        got = drafter(roots, prefix)
+        assert got.shape == (2, cfg.block, 97)
+        for b in range(2):
+            want = dflash.reference_block(w, cfg, target.embed, contexts[b], int(roots[b]))
+            torch.testing.assert_close(got[b], want, atol=2e-4, rtol=2e-4)
+        # The round's accepted rows (root first); rows past accept_len are junk the next
+        # rounds must not read.
+        rows = torch.randn(2, cfg.block + 1, 2 * 64, generator=g)
+        n = torch.tensor(accept)
+        drafter.absorb(rows, n, prefix)
+        for b in range(2):
+            contexts[b] = torch.cat([contexts[b], rows[b, : accept[b]]])
+        prefix = prefix + n
+
+
+def test_the_training_forward_equals_the_reference_per_anchor():
+    target, cfg, w, _ = drafter_setup(block=3, layers=1)
+    g = torch.Generator().manual_seed(5)
+    tokens = torch.randint(2, 97, (2, 12), generator=g)
+    taps = torch.randn(2, 12, 2 * 64, generator=g)
+    anchors = torch.tensor([[1, 5, 9], [3, 4, 11]])
+    got = dflash.block_logits(w, cfg, target.embed, taps, tokens, anchors)
+    assert got.shape == (2, 3, 3, 97)
+    for n in range(2):
+        for j, a in enumerate(anchors[n].tolist()):
+            want = dflash.reference_block(w, cfg, target.embed, taps[n, :a], int(tokens[n, a]))
+            torch.testing.assert_close(got[n, j], want, atol=2e-4, rtol=2e-4)
+
+
+def test_weights_round_trip_by_name():
+    _, cfg, w, _ = drafter_setup()
+    again = dflash.DraftWeights.from_tensors(w.tensors(), cfg.layers)
+    assert all(torch.equal(a, b) for a, b in zip(w.parameters(), again.parameters(), strict=True))
+    assert len(w.tensors()) == 4 + 9 * cfg.layers
+
+
+def test_a_bad_config_names_its_field():
+    target = tiny_target()
+    with pytest.raises(ValueError, match="block"):
+        dflash.DraftConfig(target.config, block=21)
+    with pytest.raises(ValueError, match="taps"):
+        dflash.DraftConfig(target.config, taps=(4,))
+
+
+@pytest.mark.parametrize("budget", [1, 15])
+def test_ddtree_and_the_cpu_build_with_the_drafter_decode_what_greedy_decodes(budget):
+    target, cfg, w, engine = drafter_setup(bs=2, block=4)
+    g = torch.Generator().manual_seed(9)
+    prompts = [torch.randint(2, 97, (n,), generator=g).tolist() for n in (6, 9)]
+    eos = target.config.eos_id
+    greedy = decode.Greedy(engine, 2, 12, eos).decode(prompts)
+    for cls in (decode.Speculative, decode.CpuBuild):
+        drafter = dflash.DFlashDrafter(engine, w, cfg, bs=2)
+        r = cls(engine, 2, 12, eos, drafter, budget).decode(prompts)
+        assert r.tokens == greedy.tokens, cls.__name__
