@@ -12,6 +12,11 @@
 # `python -m ddtree demo --device cuda --bs N --json` for each N in $BS (default "1 8 32")
 # and writes $OUT/bsN.json, its table in $OUT/summary.md, progress in $OUT/run.log.
 # DEMO_ARGS adds flags to every demo run (e.g. "--max-new-tokens 32 --budget 63").
+# `train` (not in the default STEPS) runs `python -m ddtree.demo.train_drafter` for
+# TRAIN_MINUTES (whole minutes, default 8) with TRAIN_ARGS, resuming from the checkout's
+# train_ckpt/ (a git-ignored folder carried along) when it has one; the checkpoint's shards,
+# state.json and drafter.pt come back under $OUT/train (7 files: leave the other steps out
+# of that call).
 set -u -o pipefail
 OUT=${OUT:-/tmp/ddtree-demo-out}
 BS=${BS:-"1 8 32"}
@@ -69,6 +74,17 @@ print(f"\n### bs={doc['bs']}, {doc['dtype']}, {doc['max_new_tokens']} new tokens
 print("```\n" + table(doc) + "\n```")
 EOF
         done
+        ;;
+    train)
+        log "train_drafter ${TRAIN_MINUTES:-8} min ${TRAIN_ARGS:-}"
+        rm -rf /tmp/train && mkdir -p /tmp/train
+        [ -d train_ckpt/checkpoint ] && cp -r train_ckpt/checkpoint /tmp/train/
+        # shellcheck disable=SC2086
+        # The data generation's minute or two on top of the training's own limit.
+        timeout $(( ${TRAIN_MINUTES:-8} * 60 + 150 )) python3 -m ddtree.demo.train_drafter --device cuda \
+            --out /tmp/train --minutes "${TRAIN_MINUTES:-8}" ${TRAIN_ARGS:-} \
+            2>&1 | tee -a "$OUT/run.log" || status=1
+        mkdir -p "$OUT/train" && cp -r /tmp/train/* "$OUT/train/" || status=1
         ;;
     *) log "unknown step $step"; status=1 ;;
     esac

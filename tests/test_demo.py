@@ -215,6 +215,9 @@ def test_a_first_token_that_ends_the_turn_finishes_at_the_start():
         (["--draft-layers", "31"], "--draft-layers"),
         (["--bs", "2", "--prompt", "x"], "--bs"),
         (["--temperature", "-1"], "--temperature"),
+        (["--drafter", "dflash"], "--draft-weights"),
+        (["--draft-weights", "x.pt"], "--draft-weights"),
+        (["--drafter", "dflash", "--draft-weights", "/nonexistent.pt"], "--draft-weights"),
     ],
 )
 def test_a_bad_flag_is_one_line_naming_it_before_any_work(argv, flag, capsys, monkeypatch):
@@ -420,3 +423,22 @@ def test_stage_split_runs_from_each_marker_to_the_next():
     table = measure.kernel_table(named, rounds=2)
     assert [row["kernel"] for row in table] == ["prefill", "attn", "gemm"]
     assert table[1] == {"kernel": "attn", "calls_per_round": 1.0, "us_per_round": 16.0}
+
+
+@needs_model
+def test_the_demo_decodes_with_a_dflash_drafter_file(tmp_path, capsys):
+    """An untrained (random) DFlash drafter through --drafter dflash: lossless all the same."""
+    from ddtree.__main__ import main
+    from ddtree.demo import dflash, train_drafter
+
+    target = model.load_weights(dtype=torch.float32)
+    cfg = dflash.DraftConfig(target.config, layers=1, block=3)
+    path = tmp_path / "drafter.pt"
+    train_drafter.save_weights(path, dflash.DraftWeights.init(cfg, seed=0), cfg, {"seed": 0})
+    argv = ["demo", "--drafter", "dflash", "--draft-weights", str(path), "--prompt", "Hi",
+            "--max-new-tokens", "4", "--budget", "7", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["depth"] == 3
+    ids = [d["ids"] for d in out["decoders"]]
+    assert len(ids) == 4 and all(x == ids[0] for x in ids)

@@ -124,3 +124,108 @@ def test_ddtree_and_the_cpu_build_with_the_drafter_decode_what_greedy_decodes(bu
         drafter = dflash.DFlashDrafter(engine, w, cfg, bs=2)
         r = cls(engine, 2, 12, eos, drafter, budget).decode(prompts)
         assert r.tokens == greedy.tokens, cls.__name__
+
+
+# ---------------------------------------------------------------------------------------------
+# Training (python -m ddtree.demo.train_drafter), on the tiny target
+# ---------------------------------------------------------------------------------------------
+
+
+def tiny_data(target, cfg, n=6):
+    from ddtree.demo import train_drafter as td
+
+    g = torch.Generator().manual_seed(11)
+    ids = [torch.randint(2, 97, (int(k),), generator=g).tolist() for k in range(5, 5 + n)]
+    return td.generate(target, ids, cfg, max_new=10, device="cpu", bs=4, seed=0)
+
+
+def test_generated_data_is_the_targets_own_continuations_and_hidden_states():
+    target, cfg, _, _ = drafter_setup(layers=1)
+    data = tiny_data(target, cfg)
+    assert len(data) == 6 and data.taps.shape[2] == 2 * 64
+    engine = Engine(target, Pool(target, 1, 40, 4, "cpu", torch.float32), draft_layers=1)
+    for n in range(6):
+        seq = data.tokens[n, : int(data.lengths[n])].tolist()
+        start = int(data.starts[n])
+        assert len(seq) > start  # at least one response token
+        if n < 4:  # the first batch decodes greedily: each token is the target's argmax
+            for t in range(start, len(seq)):
+                logits = engine.prefill(0, seq[:t])
+                assert int(logits.argmax()) == seq[t]
+        _, taps = engine.prefill(0, seq, keep=cfg.taps)
+        torch.testing.assert_close(data.taps[n, : len(seq)], taps)
+
+
+def test_two_training_steps_lower_the_loss_and_a_checkpoint_resumes_exactly(tmp_path):
+    from ddtree.demo import train_drafter as td
+
+    target, cfg, _, _ = drafter_setup(layers=1)
+    data = tiny_data(target, cfg)
+    at = td.anchors(data, 4, cfg.block, torch.Generator().manual_seed(0))
+    assert bool(((at >= 1) & (at + 1 < data.lengths.unsqueeze(1))).all())
+
+    def run(steps, resume_from=None, save_to=None):
+        w = dflash.DraftWeights.init(cfg, seed=0)
+        tr = td.Trainer(w, cfg, target.embed, steps=4, peak=3e-3, seed=0)
+        if resume_from:
+            tr.load(resume_from)
+        while tr.step < steps:
+            tr.train_step(data, batch=4, per_seq=4, gamma=2.0)
+        if save_to:
+            tr.save(save_to, {"seed": 0})
+        return w
+
+    w0 = dflash.DraftWeights.init(cfg, seed=0)
+    before = float(td.loss_of(w0, cfg, target.embed, data, at, 2.0))
+    w2 = run(2, save_to=tmp_path / "ck")
+    after = float(td.loss_of(w2, cfg, target.embed, data, at, 2.0).detach())
+    assert after < before
+    # Four steps straight equal two, a checkpoint, and two more.
+    straight = run(4)
+    resumed = run(4, resume_from=tmp_path / "ck")
+    for a, b in zip(straight.parameters(), resumed.parameters(), strict=True):
+        torch.testing.assert_close(a, b)
+    assert (tmp_path / "ck" / "state.json").exists()
+    assert all(f.stat().st_size <= td.SHARD_BYTES + 2**16 for f in (tmp_path / "ck").glob("*.pt"))
+
+
+def test_saved_weights_load_with_their_config(tmp_path):
+    from ddtree.demo import train_drafter as td
+
+    target, cfg, w, _ = drafter_setup(layers=2, block=4)
+    td.save_weights(tmp_path / "d.pt", w, cfg, {"seed": 3})
+    got, got_cfg, meta = td.load_weights(tmp_path / "d.pt", target.config, dtype=torch.float32)
+    assert (got_cfg.layers, got_cfg.block, got_cfg.taps, meta["seed"]) == (2, 4, (0, 2), 3)
+    for a, b in zip(w.parameters(), got.parameters(), strict=True):
+        torch.testing.assert_close(a.to(torch.bfloat16).float(), b)
+
+
+def test_prompts_are_distinct_and_a_tenth_is_held_out():
+    from ddtree.demo import train_drafter as td
+
+    texts = td.prompts()
+    assert len(set(texts)) == len(texts) >= 200
+    train, held = td.split(texts)
+    assert len(held) == -(-len(texts) // 10) and not set(train) & set(held)
+
+
+def test_the_training_job_runs_resumes_and_writes_its_record(tmp_path):
+    import types
+
+    from ddtree.demo import train_drafter as td
+
+    target, _, _, _ = drafter_setup()
+    tok = types.SimpleNamespace(chat=lambda text: [2 + (ord(c) % 90) for c in text[:8]])
+    args = types.SimpleNamespace(
+        device="cpu", layers=1, block=4, taps=(0, 2), prompts=12, max_new_tokens=6, steps=3,
+        minutes=5.0, batch=4, anchors=3, gamma=2.0, lr=1e-3, every=1, seed=0, out=str(tmp_path),
+    )  # fmt: skip
+    lines = []
+    record = td.train(target, tok, args, log=lines.append)
+    assert record["step"] == 3 and record["sequences"] == 10 and record["held_out_acceptance"] >= 1
+    assert any(line.startswith("step 3/3: loss") for line in lines)
+    args.steps = 5
+    again = td.train(target, tok, args, log=lines.append)
+    assert "resumed at step 3" in lines and again["step"] == 5
+    _, cfg, meta = td.load_weights(tmp_path / "drafter.pt", target.config)
+    assert (cfg.block, meta["step"]) == (4, 5)

@@ -136,3 +136,21 @@ def test_a_hidden_state_drafter_gets_the_accepted_rows_inside_the_graph():
     hidden, n = got[1][1], got[1][2]
     assert all(hidden[b, int(n[b]) :].abs().sum() == 0 for b in range(len(prompts)))
     assert hidden[:, 0].abs().sum() > 0
+
+
+def test_a_dflash_drafter_inside_the_captured_round_equals_its_eager_rounds():
+    """An untrained (random) DFlash drafter: the captured rounds decode what the eager ones
+    do, round for round."""
+    from ddtree.demo import decode, dflash
+
+    engine, prompts, args = setup(torch.bfloat16)
+    cfg = dflash.DraftConfig(engine.cfg, layers=1, block=4)
+    w = dflash.DraftWeights.init(cfg, seed=0).to("cuda", torch.bfloat16)
+    got = []
+    for eager in (True, False):
+        drafter = dflash.DFlashDrafter(engine, w, cfg, len(prompts))
+        dec = decode.Speculative(engine, len(prompts), 24, engine.cfg.eos_id, drafter, 15)
+        dec.eager = eager
+        r = dec.decode(prompts)
+        got.append((r.tokens, r.rounds))
+    assert got[0] == got[1]

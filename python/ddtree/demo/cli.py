@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -79,8 +80,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decoders", type=names, default=DECODERS, help="which decoders, "
                    f"comma-separated (default: {','.join(DECODERS)})")  # fmt: skip
     p.add_argument("--depth", type=int, default=4, help="draft depth L (default: 4)")
-    p.add_argument("--drafter", choices=["early-exit"], default="early-exit",
-                   help="the drafter (default: early-exit)")  # fmt: skip
+    p.add_argument("--drafter", choices=["early-exit", "dflash"], default="early-exit",
+                   help="default: early-exit; dflash reads --draft-weights")  # fmt: skip
+    p.add_argument("--draft-weights", metavar="FILE", help="a DFlash drafter's weights, as "
+                   "python -m ddtree.demo.train_drafter writes them (drafter.pt); its block "
+                   "size sets --depth")  # fmt: skip
     p.add_argument("--draft-layers", type=int, default=24,
                    help="layers of the early-exit drafter, of 30 (default: 24)")  # fmt: skip
     p.add_argument("--page-size", type=int, default=16, help="KV pool page size (default: 16)")
@@ -122,6 +126,12 @@ def check_args(args) -> str | None:
         if not ok:
             value = getattr(args, flag[2:].replace("-", "_"))
             return f"{flag}: {why}, got {value if not isinstance(value, tuple) else value}"
+    if args.drafter == "dflash" and not args.draft_weights:
+        return "--draft-weights: --drafter dflash needs the drafter's weights file"
+    if args.draft_weights and args.drafter != "dflash":
+        return "--draft-weights: given without --drafter dflash"
+    if args.draft_weights and not os.path.isfile(args.draft_weights):
+        return f"--draft-weights: no such file {args.draft_weights!r}"
     if args.temperature > 0 and "cpu-build" in args.decoders:
         return "--temperature: the cpu-build decoder walks greedily only; drop it or use 0"
     return None
@@ -136,6 +146,8 @@ def run(args) -> int:
     if error:
         print(f"demo: {error}", file=sys.stderr)
         return 2
+    if args.drafter == "dflash":  # the drafter's block is the draft depth
+        args.depth = int(torch.load(args.draft_weights, weights_only=True)["meta"]["block"])
     from .model import load_tokenizer, load_weights  # gguf and tokenizers: only for the demo
 
     device = torch.device(args.device)
@@ -185,11 +197,24 @@ def make_decoder(engine, name, budget, bs, args):
     eos, t = engine.cfg.eos_id, args.temperature
     if name == "greedy":
         return decode.Greedy(engine, bs, args.max_new_tokens, eos, t)
-    drafter = decode.EarlyExitDrafter(engine, bs, args.depth)
+    drafter = new_drafter(engine, bs, args)
     if name == "cpu-build":
         return decode.CpuBuild(engine, bs, args.max_new_tokens, eos, drafter, budget, t)
     topk = 1 if name == "chain" else None
     return decode.Speculative(engine, bs, args.max_new_tokens, eos, drafter, budget, topk, t)
+
+
+def new_drafter(engine, bs, args):
+    """The drafter `--drafter` names, for `bs` requests over `engine`."""
+    from . import decode
+
+    if args.drafter != "dflash":
+        return decode.EarlyExitDrafter(engine, bs, args.depth)
+    from .dflash import DFlashDrafter
+    from .train_drafter import load_weights
+
+    w, cfg, _ = load_weights(args.draft_weights, engine.cfg, engine.device, engine.w.embed.dtype)
+    return DFlashDrafter(engine, w, cfg, bs)
 
 
 def decode_all(weights, prompts, args, device) -> list[dict]:

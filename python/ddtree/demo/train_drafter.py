@@ -1,0 +1,328 @@
+"""Train the demo's DFlash drafter (`dflash.py`) on the target's own outputs, reproducibly:
+
+    python -m ddtree.demo.train_drafter --device cuda --out DIR [--minutes 12] [--seed 0]
+
+1. Data: chat prompts built here (stories, explanations, lists, code, arithmetic, rewriting;
+   every tenth held out), the target's own responses to them (greedy, and sampled at
+   temperature 0.8 for half of them) decoded by the demo engine, then each whole sequence's
+   tapped hidden states from one prefill. No download; a fixed seed gives the same data.
+2. Training (DFlash's recipe): random anchor positions per sequence, the block after each
+   anchor predicted at once, cross-entropy weighted by exp(-i / gamma) over block position
+   i, AdamW, linear warmup then cosine decay, gradient clipping. The target stays frozen.
+3. Checkpoints: ``DIR/checkpoint/`` holds the weights and the optimizer's moments in shards of
+   at most 15 MB (what one device call brings back) and ``state.json``; a later run with the
+   same ``--out`` resumes there. ``DIR/drafter.pt`` holds the weights alone in bf16, with
+   their config, seed, data size and held-out acceptance.
+
+The held-out estimate is chain acceptance: per anchor, 1 + the leading block positions whose
+argmax is the target's token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pathlib
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from . import decode, dflash
+from .engine import Engine, Pool
+
+SHARD_BYTES = 15 * 2**20
+
+TOPICS = (
+    "a lighthouse keeper", "the moon", "a lost robot", "volcanoes", "a bakery", "the ocean",
+    "bees", "a train journey", "winter", "a library", "dragons", "the internet", "rainbows",
+    "a football match", "photosynthesis", "a city at night", "friendship", "the desert",
+    "a chess game", "electricity", "a garden", "the stars", "a birthday", "mountains",
+    "recycling", "a cat", "the wind", "a museum", "music", "a river",
+)  # fmt: skip
+TEMPLATES = (
+    "Tell me a short story about {t}.",
+    "Explain {t} to a child in a few sentences.",
+    "List five facts about {t}.",
+    "Write a poem about {t}.",
+    "Write a Python function that prints three sentences about {t}.",
+    "Give me three tips related to {t}, as a numbered list.",
+    "Rewrite this sentence in a formal tone: I really like {t} a lot.",
+    "Describe {t} in one paragraph.",
+)
+SUMS = tuple(f"What is {a} plus {b}? Show your steps." for a, b in
+             ((17, 25), (134, 78), (9, 99), (250, 375), (61, 39), (88, 12)))  # fmt: skip
+
+
+def prompts() -> list[str]:
+    """The training and held-out prompts, in a fixed order."""
+    return [tpl.format(t=t) for t in TOPICS for tpl in TEMPLATES] + list(SUMS)
+
+
+def split(texts: list) -> tuple[list, list]:
+    """(training, held out): every tenth item is held out."""
+    return [x for i, x in enumerate(texts) if i % 10], texts[::10]
+
+
+@dataclass
+class Data:
+    """Sequences padded to one length: tokens [N, T], tapped hidden states [N, T, k*H],
+    lengths [N] and where each response starts [N]."""
+
+    tokens: torch.Tensor
+    taps: torch.Tensor
+    lengths: torch.Tensor
+    starts: torch.Tensor
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+    def take(self, idx: torch.Tensor) -> Data:
+        return Data(self.tokens[idx], self.taps[idx], self.lengths[idx], self.starts[idx])
+
+
+def generate(target, prompt_ids: list[list[int]], cfg: dflash.DraftConfig, max_new: int,
+             device, bs: int = 32, seed: int = 0) -> Data:  # fmt: skip
+    """The target's responses to `prompt_ids` (greedy for even batches, sampled at 0.8 for
+    odd ones), then every sequence's tapped hidden states from one prefill."""
+    torch.manual_seed(seed)
+    seqs, starts = [], []
+    for i in range(0, len(prompt_ids), bs):
+        chunk = prompt_ids[i : i + bs]
+        engine = _engine(target, chunk, max_new, device)
+        temperature = 0.8 if (i // bs) % 2 else 0.0
+        r = decode.Greedy(engine, len(chunk), max_new, target.config.eos_id, temperature)
+        out = r.decode(chunk)
+        seqs += [p + t for p, t in zip(chunk, out.tokens, strict=True)]
+        starts += [len(p) for p in chunk]
+    width = max(map(len, seqs))
+    engine = _engine(target, [[0] * width], 0, device)
+    tokens = torch.zeros(len(seqs), width, dtype=torch.int64)
+    taps = torch.zeros(len(seqs), width, len(cfg.taps) * target.config.hidden,
+                       dtype=target.embed.dtype, device=device)  # fmt: skip
+    for n, ids in enumerate(seqs):
+        tokens[n, : len(ids)] = torch.tensor(ids)
+        taps[n, : len(ids)] = engine.prefill(0, ids, keep=cfg.taps)[1]
+    return Data(tokens.to(device), taps, torch.tensor(list(map(len, seqs)), device=device),
+                torch.tensor(starts, device=device))  # fmt: skip
+
+
+def _engine(target, prompts, max_new, device):
+    pool = Pool(target, len(prompts), max(map(len, prompts)) + max_new + 4, 16, device,
+                target.embed.dtype)  # fmt: skip
+    return Engine(target, pool, draft_layers=1)
+
+
+def anchors(data: Data, per_seq: int, block: int, g: torch.Generator) -> torch.Tensor:
+    """`per_seq` random anchors [N, A] per sequence, each in the response (from its first
+    token's predecessor) with at least one token after it."""
+    lo = (data.starts - 1).clamp(min=1).unsqueeze(1)
+    hi = (data.lengths - 1).unsqueeze(1)  # exclusive: anchor + 1 must be a real token
+    u = torch.rand(len(data), per_seq, generator=g, device="cpu").to(lo.device)
+    return (lo + (u * (hi - lo).clamp(min=1)).long()).clamp(max=hi - 1)
+
+
+def targets(data: Data, at: torch.Tensor, block: int) -> torch.Tensor:
+    """The token after each block position [N, A, L]; -100 past a sequence's end."""
+    pos = at.unsqueeze(2) + 1 + torch.arange(block, device=at.device)
+    ok = pos < data.lengths.view(-1, 1, 1)
+    tok = data.tokens.gather(1, pos.clamp(max=data.tokens.shape[1] - 1).flatten(1))
+    return torch.where(ok, tok.view_as(pos), -100)
+
+
+def loss_of(w, cfg, embed, data: Data, at: torch.Tensor, gamma: float) -> torch.Tensor:
+    """DFlash's loss: cross-entropy per block position, weighted by exp(-i / gamma)."""
+    logits = dflash.block_logits(w, cfg, embed, data.taps.to(embed.dtype), data.tokens, at)
+    want = targets(data, at, cfg.block)
+    ce = F.cross_entropy(logits.flatten(0, 2), want.flatten(), reduction="none",
+                         ignore_index=-100).view_as(want)  # fmt: skip
+    weight = torch.exp(-torch.arange(cfg.block, device=ce.device) / gamma) * (want >= 0)
+    return (ce * weight).sum() / weight.sum().clamp(min=1)
+
+
+@torch.no_grad()
+def acceptance(w, cfg, embed, data: Data, per_seq: int, seed: int) -> float:
+    """Held-out chain acceptance: 1 + the leading block positions whose argmax is right."""
+    g = torch.Generator().manual_seed(seed)
+    at = anchors(data, per_seq, cfg.block, g)
+    logits = dflash.block_logits(w, cfg, embed, data.taps.to(embed.dtype), data.tokens, at)
+    right = (logits.argmax(-1) == targets(data, at, cfg.block)).long()
+    return float(1 + right.cumprod(-1).sum(-1).float().mean())
+
+
+def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    return peak * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(steps - warmup, 1)))
+
+
+class Trainer:
+    """AdamW over the drafter's weights (fp32 masters) with the schedule of `lr_at`."""
+
+    def __init__(self, w: dflash.DraftWeights, cfg, embed, steps: int, peak=6e-4, seed=0):
+        self.w, self.cfg, self.embed = w, cfg, embed
+        self.params = w.parameters()
+        for p in self.params:
+            p.requires_grad_(True)
+        self.opt = torch.optim.AdamW(self.params, lr=peak, betas=(0.9, 0.95), weight_decay=0.01)
+        self.steps, self.peak, self.warmup = steps, peak, max(steps // 20, 1)
+        self.step = 0
+        self.g = torch.Generator().manual_seed(seed)
+
+    def train_step(self, data: Data, batch: int, per_seq: int, gamma: float) -> float:
+        idx = torch.randint(0, len(data), (batch,), generator=self.g).to(data.tokens.device)
+        part = data.take(idx)
+        at = anchors(part, per_seq, self.cfg.block, self.g)
+        for group in self.opt.param_groups:
+            group["lr"] = lr_at(self.step, self.steps, self.peak, self.warmup)
+        loss = loss_of(self.w, self.cfg, self.embed, part, at, gamma)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.params, 1.0)
+        self.opt.step()
+        self.step += 1
+        return float(loss.detach())
+
+    # Checkpoints: the weights and the optimizer's moments as named tensors, in shards.
+    def tensors(self) -> dict[str, torch.Tensor]:
+        # The sampler's state too: a resumed run draws the batches the straight one would.
+        out = {"rng": self.g.get_state()}
+        out.update({f"w.{k}": v.detach() for k, v in self.w.tensors().items()})
+        for i, p in enumerate(self.params):
+            for key, value in self.opt.state.get(p, {}).items():
+                out[f"opt.{i}.{key}"] = value
+        return out
+
+    def save(self, folder: pathlib.Path, extra: dict) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        for old in folder.glob("shard_*.pt"):
+            old.unlink()
+        shard, size, n = {}, 0, 0
+        for name, t in self.tensors().items():
+            if shard and size + t.numel() * t.element_size() > SHARD_BYTES:
+                torch.save(shard, folder / f"shard_{n:02d}.pt")
+                shard, size, n = {}, 0, n + 1
+            shard[name] = t.cpu()
+            size += t.numel() * t.element_size()
+        torch.save(shard, folder / f"shard_{n:02d}.pt")
+        (folder / "state.json").write_text(json.dumps({**extra, "step": self.step}))
+
+    def load(self, folder: pathlib.Path) -> dict:
+        state = json.loads((folder / "state.json").read_text())
+        named = {}
+        for f in sorted(folder.glob("shard_*.pt")):
+            named.update(torch.load(f, weights_only=True))
+        self.g.set_state(named["rng"])
+        with torch.no_grad():
+            for k, p in self.w.tensors().items():
+                p.copy_(named[f"w.{k}"])
+        for i, p in enumerate(self.params):
+            # AdamW keeps its step counts on the host (not capturable): they stay there.
+            moments = {k.split(".", 2)[2]: v if k.endswith(".step") else v.to(p.device)
+                       for k, v in named.items() if k.startswith(f"opt.{i}.")}  # fmt: skip
+            if moments:
+                self.opt.state[p] = moments
+        self.step = state["step"]
+        return state
+
+
+def save_weights(path: pathlib.Path, w, cfg, record: dict) -> None:
+    """The drafter alone, bf16, with its config and how it was trained."""
+    tensors = {k: v.detach().to(torch.bfloat16).cpu() for k, v in w.tensors().items()}
+    meta = {"layers": cfg.layers, "block": cfg.block, "taps": list(cfg.taps), **record}
+    torch.save({"tensors": tensors, "meta": meta}, path)
+
+
+def load_weights(path, target_cfg, device=None, dtype=None):
+    """(DraftWeights, DraftConfig, meta) of a `save_weights` file."""
+    blob = torch.load(path, weights_only=True)
+    meta = blob["meta"]
+    cfg = dflash.DraftConfig(target_cfg, meta["layers"], meta["block"], tuple(meta["taps"]))
+    w = dflash.DraftWeights.from_tensors(blob["tensors"], cfg.layers).to(device, dtype)
+    return w, cfg, meta
+
+
+def train(target, tok, args, log=print) -> dict:
+    """The whole job (data, then steps until `args.steps` or `args.minutes`), resumable."""
+    device = torch.device(args.device)
+    cfg = dflash.DraftConfig(target.config, args.layers, args.block, tuple(args.taps))
+    texts = prompts()[: args.prompts]
+    train_texts, held_texts = split(texts)
+    t0 = time.perf_counter()
+    data = generate(target, [tok.chat(p) for p in train_texts], cfg, args.max_new_tokens,
+                    device, seed=args.seed)  # fmt: skip
+    held = generate(target, [tok.chat(p) for p in held_texts], cfg, args.max_new_tokens,
+                    device, seed=args.seed + 1)  # fmt: skip
+    gen_s = time.perf_counter() - t0
+    tokens = int((data.lengths - data.starts).sum())
+    log(f"data: {len(data)} sequences ({tokens} response tokens), {len(held)} held out, "
+        f"{gen_s:.0f} s")  # fmt: skip
+    w = dflash.DraftWeights.init(cfg, args.seed).to(device)
+    embed = target.embed.float()  # the frozen LM head, fp32 beside the fp32 master weights
+    trainer = Trainer(w, cfg, embed, args.steps, args.lr, args.seed)
+    out = pathlib.Path(args.out)
+    record = {"seed": args.seed, "sequences": len(data), "response_tokens": tokens}
+    if (out / "checkpoint" / "state.json").exists():
+        state = trainer.load(out / "checkpoint")
+        record["train_seconds"] = state.get("train_seconds", 0.0)
+        log(f"resumed at step {trainer.step}")
+    spent = record.get("train_seconds", 0.0)
+    start = time.perf_counter()
+    while trainer.step < args.steps and time.perf_counter() - start < 60 * args.minutes:
+        loss = trainer.train_step(data, args.batch, args.anchors, args.gamma)
+        if trainer.step % args.every == 0 or trainer.step == args.steps:
+            tau = acceptance(w, cfg, embed, held, args.anchors, args.seed)
+            log(f"step {trainer.step}/{args.steps}: loss {loss:.3f}, held-out acceptance "
+                f"{tau:.2f} ({time.perf_counter() - start:.0f} s)")  # fmt: skip
+    record["train_seconds"] = spent + time.perf_counter() - start
+    record["held_out_acceptance"] = acceptance(w, cfg, embed, held, args.anchors, 1234)
+    record["step"] = trainer.step
+    trainer.save(out / "checkpoint", record)
+    save_weights(out / "drafter.pt", w, cfg, record)
+    log(f"wrote {out / 'drafter.pt'}: {json.dumps(record)}")
+    return record
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m ddtree.demo.train_drafter", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--out", required=True, help="folder of the checkpoint and drafter.pt")
+    p.add_argument("--device", default="cuda", help="default: cuda")
+    p.add_argument("--layers", type=int, default=1, help="draft layers (default: 1)")
+    p.add_argument("--block", type=int, default=8, help="block size L (default: 8)")
+    p.add_argument("--taps", type=lambda t: tuple(int(x) for x in t.split(",")),
+                   default=dflash.TAPS_30, help="target layers read, 0-based (default: "
+                   f"{','.join(map(str, dflash.TAPS_30))})")  # fmt: skip
+    p.add_argument("--prompts", type=int, default=len(prompts()),
+                   help=f"prompts used (default: all {len(prompts())})")  # fmt: skip
+    p.add_argument("--max-new-tokens", type=int, default=192, help="default: 192")
+    p.add_argument("--steps", type=int, default=3000, help="default: 3000")
+    p.add_argument("--minutes", type=float, default=12.0, help="stop after (default: 12)")
+    p.add_argument("--batch", type=int, default=16, help="sequences per step (default: 16)")
+    p.add_argument("--anchors", type=int, default=16, help="anchors per sequence (default: 16)")
+    p.add_argument("--gamma", type=float, default=4.0, help="loss decay (default: 4)")
+    p.add_argument("--lr", type=float, default=6e-4, help="peak learning rate (default: 6e-4)")
+    p.add_argument("--every", type=int, default=100, help="log every N steps (default: 100)")
+    p.add_argument("--seed", type=int, default=0, help="default: 0")
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("train_drafter: --device cuda asked for, but torch sees no CUDA GPU",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    from .model import load_tokenizer, load_weights
+
+    dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
+    target = load_weights(dtype=dtype).to(device=args.device)
+    train(target, load_tokenizer(), args, log=lambda m: print(f"# {m}", flush=True))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
