@@ -154,3 +154,27 @@ def test_a_dflash_drafter_inside_the_captured_round_equals_its_eager_rounds():
         r = dec.decode(prompts)
         got.append((r.tokens, r.rounds))
     assert got[0] == got[1]
+
+
+def test_the_dflash_block_attends_both_ways_on_the_gpu():
+    """The block's all-visible tree (later nodes seen by earlier ones too, unlike a draft
+    tree) through the CUDA tree attention: bf16 logits near the fp32 dense reference."""
+    from ddtree.demo import dflash
+
+    engine, prompts, _ = setup(torch.bfloat16)
+    cfg = dflash.DraftConfig(engine.cfg, layers=2, block=8)
+    w32 = dflash.DraftWeights.init(cfg, seed=0)
+    w32 = dflash.DraftWeights.from_tensors(
+        {k: v * 10 if v.dim() == 2 else v for k, v in w32.tensors().items()}, cfg.layers
+    )  # larger than the init's, so that attention is far from uniform
+    drafter = dflash.DFlashDrafter(engine, w32.to("cuda", torch.bfloat16), cfg, 1)
+    ids = prompts[0]
+    _, hidden = engine.prefill(0, ids, keep=cfg.taps)
+    drafter.start(0, hidden)
+    root = torch.tensor([ids[-1]], device="cuda")
+    got = drafter(root, torch.tensor([len(ids)], device="cuda"))[0].float().cpu()
+    embed = engine.w.embed.float().cpu()
+    want = dflash.reference_block(w32, cfg, embed, hidden.float().cpu(), ids[-1])
+    # A causal (one-way) block would differ at every position but the last by far more.
+    assert (got - want).abs().max() < 0.05 * want.abs().max()
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.75
