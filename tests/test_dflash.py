@@ -185,7 +185,7 @@ def test_two_training_steps_lower_the_loss_and_a_checkpoint_resumes_exactly(tmp_
     resumed = run(4, resume_from=tmp_path / "ck")
     for a, b in zip(straight.parameters(), resumed.parameters(), strict=True):
         torch.testing.assert_close(a, b)
-    assert (tmp_path / "ck" / "state.json").exists()
+    assert (tmp_path / "ck" / "state.json").exists() and not (tmp_path / "ck.tmp").exists()
     assert all(f.stat().st_size <= td.SHARD_BYTES + 2**16 for f in (tmp_path / "ck").glob("*.pt"))
 
 
@@ -219,6 +219,7 @@ def test_the_training_job_runs_resumes_and_writes_its_record(tmp_path):
     args = types.SimpleNamespace(
         device="cpu", layers=1, block=4, taps=(0, 2), prompts=12, max_new_tokens=6, steps=3,
         minutes=5.0, batch=4, anchors=3, gamma=2.0, lr=1e-3, every=1, seed=0, out=str(tmp_path),
+        save_minutes=0.0, checkpoint_moments="bfloat16",
     )  # fmt: skip
     lines = []
     record = td.train(target, tok, args, log=lines.append)

@@ -31,7 +31,7 @@ def setup(dtype, budget=15, max_new=24):
     prompts = [tok.chat(p) for p in PROMPTS]
     args = types.SimpleNamespace(
         max_new_tokens=max_new, depth=4, budget=(budget,), page_size=16, draft_layers=24,
-        temperature=0.0,
+        temperature=0.0, drafter="early-exit", draft_weights=None,
     )  # fmt: skip
     engine = cli.new_engine(w, prompts, args, torch.device("cuda"))
     return engine, prompts, args
@@ -174,7 +174,8 @@ def test_the_dflash_block_attends_both_ways_on_the_gpu():
     root = torch.tensor([ids[-1]], device="cuda")
     got = drafter(root, torch.tensor([len(ids)], device="cuda"))[0].float().cpu()
     embed = engine.w.embed.float().cpu()
-    want = dflash.reference_block(w32, cfg, embed, hidden.float().cpu(), ids[-1])
+    w_ref = w32.to(dtype=torch.bfloat16).to(dtype=torch.float32)  # the GPU's weights, in fp32
+    want = dflash.reference_block(w_ref, cfg, embed, hidden.float().cpu(), ids[-1])
     # A causal (one-way) block would differ at every position but the last by far more.
     assert (got - want).abs().max() < 0.05 * want.abs().max()
     assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.75

@@ -51,6 +51,9 @@ class DraftConfig:
             raise ValueError(f"block: must be in 1..20 (the tree build's depth), got {self.block}")
         if not self.taps or any(not 0 <= t < self.target.n_layers for t in self.taps):
             raise ValueError(f"taps: each must be a target layer 0..{self.target.n_layers - 1}")
+        # The engine hands over the tapped layers' hidden states in layer order, once each.
+        if list(self.taps) != sorted(set(self.taps)):
+            raise ValueError(f"taps: must be strictly increasing, got {self.taps}")
 
 
 @dataclass
@@ -289,6 +292,7 @@ class DFlashDrafter:
         positions = self.tree.positions.flatten()
         h = block_input(self.w, e.w.embed, roots, L).view(bs * L, -1)
         workspace = e.workspace(bs, L)
+        indptr = e.pool.kv_indptr[: bs + 1]  # the first bs requests' pages
         for i, lay in enumerate(self.w.layers):
             x = norm(h, lay.attn_norm, t.rms_eps)
             q = rope((x @ lay.wq.T).view(-1, t.n_heads, t.head_dim), positions, t.rope_theta)
@@ -296,9 +300,8 @@ class DFlashDrafter:
                      t.rope_theta)  # fmt: skip
             v = (x @ lay.wv.T).view(-1, t.n_kv_heads, t.head_dim)
             o = ddtree.tree_attention(
-                q, k, v, self.k[i], self.v[i], e.pool.kv_indptr, e.pool.kv_indices, prefix,
-                self.tree, sm_scale=t.head_dim**-0.5, page_size=e.pool.page_size,
-                workspace=workspace,
+                q, k, v, self.k[i], self.v[i], indptr, e.pool.kv_indices, prefix, self.tree,
+                sm_scale=t.head_dim**-0.5, page_size=e.pool.page_size, workspace=workspace,
             )  # fmt: skip
             h = h + o.reshape(bs * L, -1) @ lay.wo.T
             h = mlp(lay, h, t.rms_eps)

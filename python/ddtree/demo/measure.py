@@ -114,7 +114,9 @@ def profiled_split(decode: Callable, stages: tuple) -> tuple[dict, list]:
     _, trace = profiled_trace(decode)
     named = trace_intervals(trace)
     marks = sum(MARKER in name for _, _, name in named)
-    return stage_split(named, stages), kernel_table(named, marks // max(len(stages), 1))
+    first = next((s for s, _, name in named if MARKER in name), None)
+    rounds_only = [x for x in named if first is None or x[0] >= first]  # the prefill left out
+    return stage_split(named, stages), kernel_table(rounds_only, marks // max(len(stages), 1))
 
 
 def gpu_idle(decode: Callable) -> dict:
@@ -136,7 +138,9 @@ def gpu_idle(decode: Callable) -> dict:
         intervals, marked = from_marker(trace_intervals(trace), MARKER)
         if intervals:
             break
-    stats = busy_stats(intervals, max(result.rounds, 1))
+    # Per round the device ran: the host stops at the round where it sees every request
+    # finished, but the rounds it had queued past that one run (and are traced) too.
+    stats = busy_stats(intervals, max(result.rounds_run or result.rounds, 1))
     return {
         **stats,
         "rounds": result.rounds,

@@ -24,6 +24,7 @@ import argparse
 import json
 import math
 import pathlib
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -162,8 +163,12 @@ def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
 class Trainer:
     """AdamW over the drafter's weights (fp32 masters) with the schedule of `lr_at`."""
 
-    def __init__(self, w: dflash.DraftWeights, cfg, embed, steps: int, peak=6e-4, seed=0):
+    def __init__(self, w: dflash.DraftWeights, cfg, embed, steps: int, peak=6e-4, seed=0,
+                 moments_dtype=torch.float32):  # fmt: skip
         self.w, self.cfg, self.embed = w, cfg, embed
+        # Checkpoints keep Adam's moments in this dtype (bf16 halves what a device call
+        # must bring back; float32 resumes bit for bit on the CPU).
+        self.moments_dtype = moments_dtype
         self.params = w.parameters()
         for p in self.params:
             p.requires_grad_(True)
@@ -193,13 +198,16 @@ class Trainer:
         out.update({f"w.{k}": v.detach() for k, v in self.w.tensors().items()})
         for i, p in enumerate(self.params):
             for key, value in self.opt.state.get(p, {}).items():
-                out[f"opt.{i}.{key}"] = value
+                moment = key != "step"
+                out[f"opt.{i}.{key}"] = value.to(self.moments_dtype) if moment else value
         return out
 
     def save(self, folder: pathlib.Path, extra: dict) -> None:
-        folder.mkdir(parents=True, exist_ok=True)
-        for old in folder.glob("shard_*.pt"):
-            old.unlink()
+        """Into `folder`, replaced whole: written beside it first, so that a run stopped
+        while saving leaves the previous checkpoint."""
+        final, folder = folder, folder.with_name(folder.name + ".tmp")
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
         shard, size, n = {}, 0, 0
         for name, t in self.tensors().items():
             if shard and size + t.numel() * t.element_size() > SHARD_BYTES:
@@ -209,6 +217,8 @@ class Trainer:
             size += t.numel() * t.element_size()
         torch.save(shard, folder / f"shard_{n:02d}.pt")
         (folder / "state.json").write_text(json.dumps({**extra, "step": self.step}))
+        shutil.rmtree(final, ignore_errors=True)
+        folder.rename(final)
 
     def load(self, folder: pathlib.Path) -> dict:
         state = json.loads((folder / "state.json").read_text())
@@ -221,7 +231,7 @@ class Trainer:
                 p.copy_(named[f"w.{k}"])
         for i, p in enumerate(self.params):
             # AdamW keeps its step counts on the host (not capturable): they stay there.
-            moments = {k.split(".", 2)[2]: v if k.endswith(".step") else v.to(p.device)
+            moments = {k.split(".", 2)[2]: v if k.endswith(".step") else v.to(p.device, p.dtype)
                        for k, v in named.items() if k.startswith(f"opt.{i}.")}  # fmt: skip
             if moments:
                 self.opt.state[p] = moments
@@ -262,7 +272,8 @@ def train(target, tok, args, log=print) -> dict:
         f"{gen_s:.0f} s")  # fmt: skip
     w = dflash.DraftWeights.init(cfg, args.seed).to(device)
     embed = target.embed.float()  # the frozen LM head, fp32 beside the fp32 master weights
-    trainer = Trainer(w, cfg, embed, args.steps, args.lr, args.seed)
+    moments = getattr(torch, args.checkpoint_moments)
+    trainer = Trainer(w, cfg, embed, args.steps, args.lr, args.seed, moments)
     out = pathlib.Path(args.out)
     record = {"seed": args.seed, "sequences": len(data), "response_tokens": tokens}
     if (out / "checkpoint" / "state.json").exists():
@@ -270,9 +281,13 @@ def train(target, tok, args, log=print) -> dict:
         record["train_seconds"] = state.get("train_seconds", 0.0)
         log(f"resumed at step {trainer.step}")
     spent = record.get("train_seconds", 0.0)
-    start = time.perf_counter()
+    start = saved = time.perf_counter()
     while trainer.step < args.steps and time.perf_counter() - start < 60 * args.minutes:
         loss = trainer.train_step(data, args.batch, args.anchors, args.gamma)
+        if time.perf_counter() - saved > 60 * args.save_minutes:  # a run cut short keeps it
+            now = spent + time.perf_counter() - start
+            trainer.save(out / "checkpoint", {**record, "train_seconds": now})
+            saved = time.perf_counter()
         if trainer.step % args.every == 0 or trainer.step == args.steps:
             tau = acceptance(w, cfg, embed, held, args.anchors, args.seed)
             log(f"step {trainer.step}/{args.steps}: loss {loss:.3f}, held-out acceptance "
@@ -307,6 +322,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=6e-4, help="peak learning rate (default: 6e-4)")
     p.add_argument("--every", type=int, default=100, help="log every N steps (default: 100)")
     p.add_argument("--seed", type=int, default=0, help="default: 0")
+    p.add_argument("--save-minutes", type=float, default=2.0,
+                   help="checkpoint every N minutes too (default: 2)")  # fmt: skip
+    p.add_argument("--checkpoint-moments", choices=["bfloat16", "float32"], default="bfloat16",
+                   help="dtype of Adam's moments in checkpoints (default: bfloat16)")  # fmt: skip
     return p
 
 
