@@ -15,7 +15,7 @@
 # `train` (not in the default STEPS) runs `python -m ddtree.demo.train_drafter` for
 # TRAIN_MINUTES (whole minutes, default 6) with TRAIN_ARGS, resuming from the checkout's
 # train_ckpt/ (a git-ignored folder carried along) when it has one; the checkpoint's shards,
-# state.json and drafter.pt come back under $OUT/train (about 50 MB in 5 files for one
+# state.json and drafter.safetensors come back under $OUT/train (about 50 MB in 5 files for one
 # draft layer, Adam's moments in bf16: leave the other steps out of that call).
 set -u -o pipefail
 OUT=${OUT:-/tmp/ddtree-demo-out}

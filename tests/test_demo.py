@@ -433,7 +433,7 @@ def test_the_demo_decodes_with_a_dflash_drafter_file(tmp_path, capsys):
 
     target = model.load_weights(dtype=torch.float32)
     cfg = dflash.DraftConfig(target.config, layers=1, block=3)
-    path = tmp_path / "drafter.pt"
+    path = tmp_path / "drafter.safetensors"
     train_drafter.save_weights(path, dflash.DraftWeights.init(cfg, seed=0), cfg, {"seed": 0})
     argv = ["demo", "--drafter", "dflash", "--draft-weights", str(path), "--prompt", "Hi",
             "--max-new-tokens", "4", "--budget", "7", "--json"]  # fmt: skip

@@ -193,8 +193,10 @@ def test_saved_weights_load_with_their_config(tmp_path):
     from ddtree.demo import train_drafter as td
 
     target, cfg, w, _ = drafter_setup(layers=2, block=4)
-    td.save_weights(tmp_path / "d.pt", w, cfg, {"seed": 3})
-    got, got_cfg, meta = td.load_weights(tmp_path / "d.pt", target.config, dtype=torch.float32)
+    td.save_weights(tmp_path / "d.safetensors", w, cfg, {"seed": 3})
+    got, got_cfg, meta = td.load_weights(
+        tmp_path / "d.safetensors", target.config, dtype=torch.float32
+    )
     assert (got_cfg.layers, got_cfg.block, got_cfg.taps, meta["seed"]) == (2, 4, (0, 2), 3)
     for a, b in zip(w.parameters(), got.parameters(), strict=True):
         torch.testing.assert_close(a.to(torch.bfloat16).float(), b)
@@ -228,5 +230,37 @@ def test_the_training_job_runs_resumes_and_writes_its_record(tmp_path):
     args.steps = 5
     again = td.train(target, tok, args, log=lines.append)
     assert "resumed at step 3" in lines and again["step"] == 5
-    _, cfg, meta = td.load_weights(tmp_path / "drafter.pt", target.config)
+    _, cfg, meta = td.load_weights(tmp_path / "drafter.safetensors", target.config)
     assert (cfg.block, meta["step"]) == (4, 5)
+
+
+def test_safetensors_round_trip_and_layout(tmp_path):
+    import json
+    import struct
+
+    from ddtree.demo import safetensors_io as st
+
+    g = torch.Generator().manual_seed(2)
+    tensors = {
+        "b": torch.randn(3, 5, generator=g).to(torch.bfloat16),
+        "a": torch.randn(7, generator=g),
+        "i": torch.arange(6, dtype=torch.int64).view(2, 3),
+        "h": torch.randn(2, 2, generator=g).half().t(),  # not contiguous
+        "e": torch.zeros(0, 4),
+    }
+    st.save(tmp_path / "x.safetensors", tensors, {"k": "v"})
+    got, meta = st.load(tmp_path / "x.safetensors")
+    assert meta == {"k": "v"} and st.metadata(tmp_path / "x.safetensors") == {"k": "v"}
+    for name, t in tensors.items():
+        assert got[name].dtype == t.dtype and torch.equal(got[name], t), name
+    raw = (tmp_path / "x.safetensors").read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + n])
+    assert n % 8 == 0 and header["b"] == {"dtype": "BF16", "shape": [3, 5],
+                                          "data_offsets": [28, 58]}  # fmt: skip
+    # Offsets tile the body in name order, and the body ends the file.
+    spans = sorted(v["data_offsets"] for k, v in header.items() if k != "__metadata__")
+    assert spans[0][0] == 0 and all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))
+    assert 8 + n + spans[-1][1] == len(raw)
+    with pytest.raises(TypeError, match="tensors\\['u'\\]"):
+        st.save(tmp_path / "y.safetensors", {"u": torch.zeros(2, dtype=torch.uint8)}, {})

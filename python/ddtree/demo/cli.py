@@ -83,8 +83,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter", choices=["early-exit", "dflash"], default="early-exit",
                    help="default: early-exit; dflash reads --draft-weights")  # fmt: skip
     p.add_argument("--draft-weights", metavar="FILE", help="a DFlash drafter's weights, as "
-                   "python -m ddtree.demo.train_drafter writes them (drafter.pt); its block "
-                   "size sets --depth")  # fmt: skip
+                   "python -m ddtree.demo.train_drafter writes them (drafter.safetensors); "
+                   "its block size sets --depth")  # fmt: skip
     p.add_argument("--draft-layers", type=int, default=24,
                    help="layers of the early-exit drafter, of 30 (default: 24)")  # fmt: skip
     p.add_argument("--page-size", type=int, default=16, help="KV pool page size (default: 16)")
@@ -147,7 +147,9 @@ def run(args) -> int:
         print(f"demo: {error}", file=sys.stderr)
         return 2
     if args.drafter == "dflash":  # the drafter's block is the draft depth
-        args.depth = int(torch.load(args.draft_weights, weights_only=True)["meta"]["block"])
+        from .train_drafter import draft_block
+
+        args.depth = draft_block(args.draft_weights)
     from .model import load_tokenizer, load_weights  # gguf and tokenizers: only for the demo
 
     device = torch.device(args.device)

@@ -11,7 +11,7 @@
    i, AdamW, linear warmup then cosine decay, gradient clipping. The target stays frozen.
 3. Checkpoints: ``DIR/checkpoint/`` holds the weights and the optimizer's moments in shards of
    at most 15 MB (what one device call brings back) and ``state.json``; a later run with the
-   same ``--out`` resumes there. ``DIR/drafter.pt`` holds the weights alone in bf16, with
+   same ``--out`` resumes there. ``DIR/drafter.safetensors`` holds the weights alone in bf16, with
    their config, seed, data size and held-out acceptance.
 
 The held-out estimate is chain acceptance: per anchor, 1 + the leading block positions whose
@@ -240,19 +240,31 @@ class Trainer:
 
 
 def save_weights(path: pathlib.Path, w, cfg, record: dict) -> None:
-    """The drafter alone, bf16, with its config and how it was trained."""
-    tensors = {k: v.detach().to(torch.bfloat16).cpu() for k, v in w.tensors().items()}
+    """The drafter alone as a safetensors file, bf16, with its config and how it was trained
+    (JSON in the metadata's ``ddtree`` entry)."""
+    from . import safetensors_io
+
+    tensors = {k: v.detach().to(torch.bfloat16) for k, v in w.tensors().items()}
     meta = {"layers": cfg.layers, "block": cfg.block, "taps": list(cfg.taps), **record}
-    torch.save({"tensors": tensors, "meta": meta}, path)
+    safetensors_io.save(path, tensors, {"ddtree": json.dumps(meta)})
 
 
 def load_weights(path, target_cfg, device=None, dtype=None):
     """(DraftWeights, DraftConfig, meta) of a `save_weights` file."""
-    blob = torch.load(path, weights_only=True)
-    meta = blob["meta"]
+    from . import safetensors_io
+
+    tensors, metadata = safetensors_io.load(path)
+    meta = json.loads(metadata["ddtree"])
     cfg = dflash.DraftConfig(target_cfg, meta["layers"], meta["block"], tuple(meta["taps"]))
-    w = dflash.DraftWeights.from_tensors(blob["tensors"], cfg.layers).to(device, dtype)
+    w = dflash.DraftWeights.from_tensors(tensors, cfg.layers).to(device, dtype)
     return w, cfg, meta
+
+
+def draft_block(path) -> int:
+    """The block size (the draft depth) of a `save_weights` file, from its header alone."""
+    from . import safetensors_io
+
+    return int(json.loads(safetensors_io.metadata(path)["ddtree"])["block"])
 
 
 def train(target, tok, args, log=print) -> dict:
@@ -296,15 +308,15 @@ def train(target, tok, args, log=print) -> dict:
     record["held_out_acceptance"] = acceptance(w, cfg, embed, held, args.anchors, 1234)
     record["step"] = trainer.step
     trainer.save(out / "checkpoint", record)
-    save_weights(out / "drafter.pt", w, cfg, record)
-    log(f"wrote {out / 'drafter.pt'}: {json.dumps(record)}")
+    save_weights(out / "drafter.safetensors", w, cfg, record)
+    log(f"wrote {out / 'drafter.safetensors'}: {json.dumps(record)}")
     return record
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m ddtree.demo.train_drafter", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("--out", required=True, help="folder of the checkpoint and drafter.pt")
+    p.add_argument("--out", required=True, help="folder of the checkpoint and drafter.safetensors")
     p.add_argument("--device", default="cuda", help="default: cuda")
     p.add_argument("--layers", type=int, default=1, help="draft layers (default: 1)")
     p.add_argument("--block", type=int, default=8, help="block size L (default: 8)")
