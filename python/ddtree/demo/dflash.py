@@ -31,7 +31,7 @@ import torch.nn.functional as F
 import ddtree
 from ddtree import Tree
 
-from .model import Config, Layer, rope
+from .model import Config, Layer, apply_rope, rope, rope_cos_sin
 
 TAPS_30 = (1, 8, 14, 20, 27)  # DFlash's taps for a 30-layer target (0-based layer indices)
 
@@ -131,12 +131,13 @@ def context(w: DraftWeights, cfg: DraftConfig, taps_hidden: torch.Tensor) -> tor
     return norm(taps_hidden @ w.fc.T, w.fc_norm, cfg.target.rms_eps)
 
 
-def context_kv(lay: Layer, cfg: DraftConfig, ctx: torch.Tensor, positions: torch.Tensor):
-    """One draft layer's K (RoPE at `positions`) and V [n, Hkv, D] of context features."""
+def context_kv(lay: Layer, cfg: DraftConfig, ctx: torch.Tensor, cos, sin):
+    """One draft layer's K (RoPE by `cos`, `sin` of the tokens' positions) and V
+    [n, Hkv, D] of context features [n, H]."""
     t = cfg.target
     k = (ctx @ lay.wk.T).view(-1, t.n_kv_heads, t.head_dim)
     v = (ctx @ lay.wv.T).view(-1, t.n_kv_heads, t.head_dim)
-    return rope(k, positions, t.rope_theta), v
+    return apply_rope(k, cos, sin), v
 
 
 def block_input(w: DraftWeights, embed: torch.Tensor, roots: torch.Tensor, block: int):
@@ -166,7 +167,8 @@ def reference_block(w: DraftWeights, cfg: DraftConfig, embed, taps_hidden, root:
     h = block_input(w, embed, torch.tensor([root]), L)[0]
     group = t.n_heads // t.n_kv_heads
     for lay in w.layers:
-        kc, vc = context_kv(lay, cfg, ctx, pos_ctx)
+        kc, vc = context_kv(lay, cfg, ctx, *rope_cos_sin(pos_ctx, t.head_dim, t.rope_theta,
+                                                         ctx.dtype))  # fmt: skip
         x = norm(h, lay.attn_norm, t.rms_eps)
         q = rope((x @ lay.wq.T).view(L, t.n_heads, t.head_dim), pos_blk, t.rope_theta)
         kb = rope((x @ lay.wk.T).view(L, t.n_kv_heads, t.head_dim), pos_blk, t.rope_theta)
@@ -280,8 +282,9 @@ class DFlashDrafter:
 
     def _write(self, taps_hidden, positions, slots) -> None:
         ctx = context(self.w, self.cfg, taps_hidden)
+        cos, sin = self.engine.rope(positions)
         for i, lay in enumerate(self.w.layers):
-            k, v = context_kv(lay, self.cfg, ctx, positions)
+            k, v = context_kv(lay, self.cfg, ctx, cos, sin)
             self.k[i].index_copy_(0, slots, k)
             self.v[i].index_copy_(0, slots, v)
 
@@ -289,15 +292,14 @@ class DFlashDrafter:
         e, t, L = self.engine, self.cfg.target, self.cfg.block
         bs = roots.shape[0]
         torch.add(prefix.unsqueeze(1), self.offsets, out=self.tree.positions)
-        positions = self.tree.positions.flatten()
+        cos, sin = e.rope(self.tree.positions.flatten())  # the engine's table, once a call
         h = block_input(self.w, e.w.embed, roots, L).view(bs * L, -1)
         workspace = e.workspace(bs, L)
         indptr = e.pool.kv_indptr[: bs + 1]  # the first bs requests' pages
         for i, lay in enumerate(self.w.layers):
             x = norm(h, lay.attn_norm, t.rms_eps)
-            q = rope((x @ lay.wq.T).view(-1, t.n_heads, t.head_dim), positions, t.rope_theta)
-            k = rope((x @ lay.wk.T).view(-1, t.n_kv_heads, t.head_dim), positions,
-                     t.rope_theta)  # fmt: skip
+            q = apply_rope((x @ lay.wq.T).view(-1, t.n_heads, t.head_dim), cos, sin)
+            k = apply_rope((x @ lay.wk.T).view(-1, t.n_kv_heads, t.head_dim), cos, sin)
             v = (x @ lay.wv.T).view(-1, t.n_kv_heads, t.head_dim)
             o = ddtree.tree_attention(
                 q, k, v, self.k[i], self.v[i], indptr, e.pool.kv_indices, prefix, self.tree,

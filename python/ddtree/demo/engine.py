@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 import ddtree
 
-from .model import Config, Layer, Weights
+from .model import Config, Layer, Weights, rope_cos_sin
 
 
 class Pool:
@@ -91,13 +91,8 @@ class FusedLayer:
 
 def rope_tables(cfg: Config, positions: int, device, dtype):
     """cos and sin ``[positions, 1, D]`` in ``dtype``, as ``model.rope`` computes them."""
-    d = cfg.head_dim
-    inv_freq = 1.0 / (
-        cfg.rope_theta ** (torch.arange(0, d, 2, device=device, dtype=torch.float32) / d)
-    )
-    angles = torch.arange(positions, device=device, dtype=torch.float32)[:, None] * inv_freq
-    angles = torch.cat([angles, angles], dim=-1)[:, None, :]
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+    pos = torch.arange(positions, device=device)
+    return rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta, dtype)
 
 
 class Engine:

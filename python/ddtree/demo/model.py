@@ -292,19 +292,32 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * xf.to(x.dtype)
 
 
+def rope_cos_sin(positions: torch.Tensor, d: int, theta: float, dtype):
+    """RoPE's cos and sin ``[..., T, 1, d]`` in ``dtype`` at int64 ``positions [..., T]``
+    (HF's rotate_half convention: angle ``i`` serves dims ``i`` and ``i + d/2``)."""
+    inv_freq = 1.0 / (
+        theta ** (torch.arange(0, d, 2, device=positions.device, dtype=torch.float32) / d)
+    )
+    angles = positions.to(torch.float32)[..., None] * inv_freq  # [..., T, d/2]
+    angles = torch.cat([angles, angles], dim=-1)[..., None, :]  # [..., T, 1, d]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``x [..., T, heads, d]`` rotated by `rope_cos_sin`'s ``cos``, ``sin``."""
+    d = x.shape[-1]
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return x * cos + rotated * sin
+
+
 def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
     """Rotary embedding, HF rotate_half convention (dim ``i`` pairs with ``i + head_dim/2``).
 
     ``x``: ``[..., T, heads, head_dim]``; ``positions``: int64, broadcastable to ``[..., T]``.
     """
-    d = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))
-    angles = positions.to(x.device, torch.float32)[..., None] * inv_freq  # [..., T, d/2]
-    angles = torch.cat([angles, angles], dim=-1)[..., None, :]  # [..., T, 1, d]
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
-    rotated = torch.cat([-x2, x1], dim=-1)
-    return x * cos + rotated * sin
+    cos, sin = rope_cos_sin(positions.to(x.device), x.shape[-1], theta, x.dtype)
+    return apply_rope(x, cos, sin)
 
 
 def dense_forward(w: Weights, tokens: torch.Tensor) -> torch.Tensor:
