@@ -46,10 +46,8 @@ def chain_tree(tokens: torch.Tensor, prefix: torch.Tensor) -> Tree:
     dev = tokens.device
     idx = torch.arange(n, device=dev)
     words = (n + 31) // 32
-    row = [((1 << (i + 1)) - 1) for i in range(n)]
-    packed = [[(r >> (32 * w)) & 0xFFFFFFFF for w in range(words)] for r in row]
-    bits = torch.tensor(packed, dtype=torch.int64)
-    bits = torch.where(bits >= 2**31, bits - 2**32, bits).to(torch.int32).to(dev)
+    rows = [set(range(i + 1)) for i in range(n)]
+    bits = torch.from_numpy(reference.pack_bits(rows, words)).to(dev)
     nxt = torch.where(idx + 1 < n, idx + 1, -1)
     full = torch.full((bs, n), -1, dtype=torch.int64, device=dev)
     return Tree(

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 import ddtree
-from ddtree import Tree
+from ddtree import Tree, reference
 
 from .model import Config, Layer, apply_rope, rope, rope_cos_sin
 
@@ -226,8 +226,7 @@ def block_tree(bs: int, block: int, device) -> Tree:
     """A Tree whose `block` nodes all see each other (bidirectional attention): what the
     tree attention needs for a block; the positions are filled per round."""
     words = (block + 31) // 32
-    full = [(((1 << block) - 1) >> (32 * i)) & 0xFFFFFFFF for i in range(words)]
-    bits = torch.tensor([x - (1 << 32) if x >= 1 << 31 else x for x in full], dtype=torch.int32)
+    bits = torch.from_numpy(reference.pack_bits([set(range(block))], words)[0])
     i64 = {"dtype": torch.int64, "device": device}
     idx = torch.arange(block, **i64)
     return Tree(
