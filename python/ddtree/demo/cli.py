@@ -19,6 +19,7 @@ they can part at near-ties, which the report names with greedy's top-1 minus top
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -213,10 +214,19 @@ def new_drafter(engine, bs, args):
     if args.drafter != "dflash":
         return decode.EarlyExitDrafter(engine, bs, args.depth)
     from .dflash import DFlashDrafter
+
+    w, cfg = draft_weights(args.draft_weights, engine)
+    return DFlashDrafter(engine, w, cfg, bs)
+
+
+@functools.lru_cache(maxsize=2)
+def draft_weights(path: str, engine):
+    """A DFlash weights file on `engine`'s device and dtype, read once for every decoder of
+    the run (the drafters share the weights; each has its own context pool)."""
     from .train_drafter import load_weights
 
-    w, cfg, _ = load_weights(args.draft_weights, engine.cfg, engine.device, engine.w.embed.dtype)
-    return DFlashDrafter(engine, w, cfg, bs)
+    w, cfg, _ = load_weights(path, engine.cfg, engine.device, engine.w.embed.dtype)
+    return w, cfg
 
 
 def decode_all(weights, prompts, args, device) -> list[dict]:

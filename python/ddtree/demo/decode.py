@@ -175,12 +175,13 @@ def committed(acc) -> torch.Tensor:
 
 
 class Decoder:
-    """A decoder of `bs` requests over `engine`: `rounds()` lists the stages of a round
+    """A decoder of `bs` requests over `engine`: `stages()` lists the stages of a round
     (callables run in order, on the device unless `host_stages` names them); on CUDA the
     device stages between host stages are captured as one graph each, at `prepare()`."""
 
     name = "decoder"
     host_stages: tuple[str, ...] = ()
+    drafter: Drafter | None = None  # the speculative decoders' (greedy has none)
 
     def __init__(self, engine: Engine, bs: int, max_new: int, eos: int, extra: int,
                  temperature: float = 0.0):  # fmt: skip
@@ -192,7 +193,7 @@ class Decoder:
         self.queued_ahead: float | None = None
         self.rounds_run = 0  # rounds the device ran (CUDA: those past the last one seen too)
         self.state = DecodeState(bs, max_new, extra, eos, engine.device)
-        self.graphs: list | None = None  # per segment: a CUDAGraph, or None (host stage)
+        self.graphs: list | None = None  # per segment: its graph's replay, or the host stage
         self.marked: list | None = None  # the same with a marker kernel before each stage
 
     def stages(self) -> list[tuple[str, callable]]:
@@ -250,7 +251,7 @@ class Decoder:
 
     def prefill(self, prompts: list[list[int]]) -> None:
         e, s = self.engine, self.state
-        drafter = getattr(self, "drafter", None)
+        drafter = self.drafter
         keep = drafter.hidden_layers if drafter is not None else ()
         first = []
         for b, ids in enumerate(prompts):
@@ -287,7 +288,7 @@ class Decoder:
                       rounds_run=self.rounds_run)  # fmt: skip
 
     def max_rounds(self) -> int:
-        return self.state.max_new + 1
+        return self.state.max_new + 1  # every round commits at least one token
 
     def _rounds(self, fns) -> int:
         """Queue rounds until the finished count reaches bs; returns the rounds run to
@@ -390,9 +391,6 @@ class Speculative(Decoder):
             self.context = torch.zeros(bs, drafter.depth + 1, width, device=engine.device,
                                        dtype=engine.w.embed.dtype)  # fmt: skip
         engine.workspace(bs, budget + 1)
-
-    def max_rounds(self) -> int:
-        return self.state.max_new + 1  # at least one token per round
 
     def stages(self):
         return [("draft", self.draft), ("build", self.build), ("verify", self.verify),
