@@ -72,7 +72,17 @@ import torch
 from ._commit import kept_slots
 from ._types import Acceptance, Tree
 
-__all__ = ["kv_keep_free", "verify_input", "verify_output"]
+from ._sglang_uno import UnoProposal, uno_proposal
+
+__all__ = [
+    "UnoProposal",
+    "eagle_verify_fields",
+    "eagle_verify_result",
+    "kv_keep_free",
+    "uno_proposal",
+    "verify_input",
+    "verify_output",
+]
 
 
 def _check_tree(tree) -> Tree:
@@ -250,3 +260,94 @@ def kv_keep_free(acc: Acceptance, out_cache_loc: torch.Tensor):
     window = out_cache_loc.to(torch.int64).reshape(acc.batch_size, -1).contiguous()
     keep, release = kept_slots(acc, window)
     return keep, release.reshape(-1)
+
+
+def eagle_verify_fields(tree: Tree, seq_lens, **mask_args) -> dict:
+    """SGLang 0.5.23's ``EagleVerifyInput`` constructor arguments for ``tree``.
+
+    What ``build_eagle_verify_input`` passes to ``EagleVerifyInput(...)``, with 0.5.23's
+    field names (``retrieve_*``), from ddtree's emit instead of ``build_tree_kernel_efficient``;
+    ``mask_args`` are :func:`verify_input`'s mask options. Usage:
+    ``EagleVerifyInput(**eagle_verify_fields(tree, batch.seq_lens, seq_lens_sum=...),
+    capture_hidden_mode=None, prepared_out_cache_loc=None, prepared_mrope_positions=None)``.
+    """
+    v = verify_input(tree, seq_lens, **mask_args)
+    return {
+        "draft_token": v["draft_token"],
+        "custom_mask": v["custom_mask"],
+        "positions": v["positions"],
+        "retrieve_index": v["retrive_index"],
+        "retrieve_next_token": v["retrive_next_token"],
+        "retrieve_next_sibling": v["retrive_next_sibling"],
+        "retrieve_cum_len": None,
+        "spec_steps": v["spec_steps"],
+        "topk": v["topk"],
+        "draft_token_num": v["draft_token_num"],
+        "seq_lens_sum": None,
+        "seq_lens_cpu": None,
+        "draft_probs": None,
+    }
+
+
+def eagle_verify_result(acc: Acceptance, tree: Tree, seq_lens) -> dict:
+    """What SGLang 0.5.23's ``run_eagle_verify`` derives from its walk, from ddtree's accept.
+
+    ``seq_lens``: int ``[bs]``, the verify batch's ``seq_lens`` (tokens in the KV cache before
+    the root). Returns a dict:
+
+    ==================== ===================== ============================================
+    key                  dtype, shape          content
+    ==================== ===================== ============================================
+    ``predict``          int32 ``[bs*Q]``      ``eagle_sample``'s: at path node j's slot the
+                                               token after it, 0 off the path
+    ``accept_lens``      int32 ``[bs]``        committed tokens: accepted drafts + the bonus
+                                               (= ``acc.accept_len``)
+    ``accept_index``     int32 ``[bs, L+1]``   ``b*Q + node``, root first, −1 padded
+    ``new_seq_lens``     ``seq_lens``' dtype   ``seq_lens + accept_lens``
+    ``bonus_tokens``     int32 ``[bs]``        the next root
+    ``next_token_ids``   int32 ``[bs*Q]``      ``predict`` with each request's path moved
+                                               to the front of its Q slots, as
+                                               ``_compact_accept_to_front`` does when K > 1
+                                               (K = 1: ``predict`` itself)
+    ==================== ===================== ============================================
+
+    Nothing is read on the host.
+    """
+    out = verify_output(acc, tree)
+    bs, q = acc.batch_size, tree.width
+    seq_lens = _check_seq_lens(seq_lens, bs, acc.device)
+    predict = out["predict"][: bs * q].clamp(min=0)  # SGLang's predict starts as zeros
+    accept_lens = acc.accept_len.to(torch.int32)
+    compacted = predict
+    if tree.topk_ids.shape[2] > 1:
+        compacted = _compact_to_front(predict, out["accept_index"], bs, q)
+    return {
+        "predict": predict,
+        "accept_lens": accept_lens,
+        "accept_index": out["accept_index"],
+        "new_seq_lens": seq_lens + accept_lens,
+        "bonus_tokens": acc.bonus.to(torch.int32),
+        "next_token_ids": compacted,
+    }
+
+
+def _check_seq_lens(seq_lens, bs: int, device) -> torch.Tensor:
+    if not isinstance(seq_lens, torch.Tensor):
+        raise TypeError(f"seq_lens: expected a torch.Tensor, got {type(seq_lens).__name__}")
+    if seq_lens.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"seq_lens: dtype must be int32 or int64, got {seq_lens.dtype}")
+    if seq_lens.shape != (bs,):
+        raise ValueError(f"seq_lens: shape must be [{bs}], got {list(seq_lens.shape)}")
+    if seq_lens.device != device:
+        raise ValueError(f"seq_lens: is on {seq_lens.device}, the acceptance on {device}")
+    return seq_lens
+
+
+def _compact_to_front(x: torch.Tensor, accept_index: torch.Tensor, bs: int, q: int):
+    """Each request's path entries gathered into its first L+1 slots (SGLang's padding
+    entries read global slot 0, past ``accept_lens``, where nothing reads them)."""
+    width = min(accept_index.shape[1], q)  # a path never has more than Q nodes
+    gathered = x[accept_index[:, :width].to(torch.int64).clamp(min=0).reshape(-1)]
+    out = x.clone()
+    out.view(bs, q)[:, :width] = gathered.view(bs, width)
+    return out
