@@ -7,7 +7,8 @@
 # through the portable kernel that compute capability 9.0 otherwise skips;
 # "host" times the host side of each Stepper call; "parts" breaks one attention shape's
 # call into its kernels and gaps (PARTS_ARGS: family bs N prefixes); "hunt" adds issue
-# 12's long top-k tie search, HUNT_SECONDS long);
+# 12's long top-k tie search, HUNT_SECONDS long; "sglang" runs ddtree against SGLang 0.5.23's
+# kernels and its stage-by-stage benchmark, SGLANG_ARGS, with tests/.sglang-0.5.23 carried);
 # PYTEST_K (a -k expression), BENCH_ARGS, LOOP_ARGS and ATTN_ARGS narrow the tests and
 # benchmarks; WHEELS names the folder the wheel comes from (default wheels/; another, such
 # as wheels_base/, lets one call compare two builds).
@@ -67,6 +68,15 @@ for step in $STEPS; do
         limit python3 tests/gpu_attention_parts.py ${PARTS_ARGS:-gqa 1 64 128 4096 65536} \
             >>"$OUT/attention-parts.txt" 2>&1 || status=1
         cat "$OUT/attention-parts.txt" ;;
+    sglang)
+        # ddtree against SGLang 0.5.23's own kernels (tests/.sglang-0.5.23, carried), then
+        # the stage-by-stage benchmark against its GPU tree path.
+        limit python3 -m pytest tests/test_sglang_release.py -q -p no:cacheprovider \
+            >"$OUT/gpu-sglang.log" 2>&1 || status=1
+        tail -5 "$OUT/gpu-sglang.log"
+        limit python3 tests/gpu_sglang_bench.py ${SGLANG_ARGS:-} --json "$OUT/sglang-bench.json" \
+            >"$OUT/sglang-bench.txt" 2>&1 || status=1
+        cat "$OUT/sglang-bench.txt" ;;
     attention-portable)
         limit env DDTREE_ATTENTION=portable python3 -m ddtree bench --attention ${ATTN_ARGS:-} \
             >"$OUT/bench-attention-portable.txt" 2>&1 || status=1

@@ -49,7 +49,7 @@ PACKAGES = (
 )
 
 STUBS = {
-    "sglang/srt/utils.py": '''
+    "sglang/srt/utils.py": """
 import torch
 
 def is_cuda():
@@ -62,13 +62,13 @@ def __getattr__(name):
     if name.startswith("is_"):
         return lambda *args, **kwargs: False  # hip, npu, musa, xpu, cpu, gfx…: not these
     raise AttributeError(name)
-''',
+""",
     "sglang/srt/platforms/__init__.py": "current_platform = None\n",
-    "sglang/srt/platforms/interface.py": '''
+    "sglang/srt/platforms/interface.py": """
 def reject_out_of_tree_path(platform, subsystem):
     raise RuntimeError(f"{subsystem}: not available in the test stubs")
-''',
-    "sglang/srt/environ.py": '''
+""",
+    "sglang/srt/environ.py": """
 class _Flag:
     def get(self):
         return False
@@ -78,15 +78,15 @@ class _Envs:
         return _Flag()
 
 envs = _Envs()
-''',
+""",
     # spec_tree imports SGLang's JIT CUDA tree kernels on CUDA (tvm-ffi + nvcc at run time,
     # neither on the lent GPU); the tests call its Triton kernels instead.
-    "sglang/kernels/ops/speculative/tree.py": '''
+    "sglang/kernels/ops/speculative/tree.py": """
 def _jit_only(*args, **kwargs):
     raise RuntimeError("SGLang's JIT CUDA tree kernels are not loaded in the tests")
 
 build_tree_kernel_efficient = verify_tree_greedy = _jit_only
-''',
+""",
     "flashinfer/__init__.py": '''
 import torch
 

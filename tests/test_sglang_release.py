@@ -59,9 +59,7 @@ def sglang_verify_inputs(spec_tree, proposal, seq_lens):
     bs, q = seq_lens.shape[0], proposal.num_verify_tokens
     mask = torch.ones(int(seq_lens.sum()) * q + bs * q * q, dtype=torch.bool, device=DEVICE)
     positions = torch.empty(bs * q, dtype=torch.int64, device=DEVICE)
-    index, next_token, next_sibling = torch.full(
-        (3, bs, q), -1, dtype=torch.int64, device=DEVICE
-    )
+    index, next_token, next_sibling = torch.full((3, bs, q), -1, dtype=torch.int64, device=DEVICE)
     spec_tree.sgl_build_tree_kernel_triton(
         proposal.parent_list,
         proposal.top_scores_index,
@@ -118,7 +116,8 @@ def test_sglang_builds_ddtree_tree_from_proposal(spec_tree, shape, kind):
         assert torch.equal(parent[real], tree.parents.cpu()[real])
         assert bool((parent[~real] == 0).all())
         if bool(real.all()):
-            for name in ("positions", "custom_mask", "retrieve_next_token", "retrieve_next_sibling"):
+            links = ("retrieve_next_token", "retrieve_next_sibling")
+            for name in ("positions", "custom_mask", *links):
                 assert torch.equal(theirs[name], ours[name]), name
         else:
             pos = theirs["positions"].view(tree.positions.shape)

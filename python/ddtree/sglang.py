@@ -70,9 +70,8 @@ from __future__ import annotations
 import torch
 
 from ._commit import kept_slots
-from ._types import Acceptance, Tree
-
 from ._sglang_uno import UnoProposal, uno_proposal
+from ._types import Acceptance, Tree
 
 __all__ = [
     "UnoProposal",

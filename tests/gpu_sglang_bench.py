@@ -1,0 +1,255 @@
+"""ddtree against SGLang 0.5.23's GPU tree path, stage by stage, in one run (H200).
+
+    python tests/gpu_sglang_bench.py [--quick] [--json FILE]
+
+Every time is the median GPU time of a CUDA-graph replay of the stage (``graph_time_us``:
+the host queues the replays behind a spin kernel, so launch latency is not counted). Draft
+logits ``[bs, L=15, V=151936]`` bf16, K = 8 candidates per depth, prefix 1024 tokens
+(attention: 4096). SGLang's side is its own code from the 0.5.23 wheel
+(``tests/sglang_release.py``): UNO's builder with ``torch.topk`` standing in for flashinfer's
+top-k (flashinfer is not installed on the GPU machine; UNO's top-k alone is timed too), its
+Triton ``build_tree_kernel_efficient`` (the CUDA JIT kernel needs tvm-ffi and nvcc at run
+time), argmax + its Triton greedy verify, its Triton extend attention with the FULL custom
+mask, and its kept-slot kernel (``fill_accept_out_cache_loc``; the KV rows' move itself,
+``move_kv_cache`` in its memory pool, is not loaded: that module needs the serving stack).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import sglang_release
+import torch
+
+import ddtree
+import ddtree.sglang as ds
+from ddtree import _attention
+from ddtree.bench_attention import inputs as attention_inputs
+from ddtree.bench_gpu import graph_time_us
+
+DEPTH, VOCAB, K, PREFIX, ATT_PREFIX = 15, 151936, 8, 1024, 4096
+REPLAYS = 30
+
+
+def load():
+    spec_tree = sglang_release.load("sglang.kernels.ops.speculative.spec_tree")
+    uno = sglang_release.load("sglang.kernels.ops.speculative.uno_tree")
+    eagle = sglang_release.load("sglang.kernels.ops.speculative.eagle")
+    attention = sglang_release.load("sglang.kernels.ops.attention.extend_attention")
+    return spec_tree, uno, eagle, attention
+
+
+def round_inputs(bs: int, q: int, seed: int = 0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = (torch.randn(bs, DEPTH, VOCAB, device="cuda", generator=g) * 3).to(torch.bfloat16)
+    roots = torch.randint(0, VOCAB, (bs,), device="cuda", generator=g)
+    seq_lens = torch.full((bs,), PREFIX, dtype=torch.int64, device="cuda")
+    target = (torch.randn(bs, q, VOCAB, device="cuda", generator=g) * 3).to(torch.bfloat16)
+    return x, roots, seq_lens, target
+
+
+def same_trees(uno_p, ours) -> int:
+    """Requests whose UNO tree is ddtree's: the same tokens with the same edges, in order."""
+    same = (uno_p.draft_tokens == ours.draft_tokens) & (
+        uno_p.top_scores_index == ours.top_scores_index
+    )
+    return int(same.all(dim=1).sum())
+
+
+def build_row(mods, bs: int, q: int) -> dict:
+    spec_tree, uno, eagle, _ = mods
+    x, roots, seq_lens, target = round_inputs(bs, q)
+    ws: dict = {}
+    ours_ws: dict = {}
+
+    def uno_build():
+        return uno.build_uno_tree_proposal(
+            roots, x, max_nodes=q, candidate_top_k=K, temperature=0.0, workspace=ws
+        )
+
+    def uno_topk():
+        return torch.topk(x.view(bs * DEPTH, VOCAB), K, dim=-1, sorted=True)
+
+    def ours_build():
+        return ds.uno_proposal(roots, x, max_nodes=q, candidate_top_k=K, workspace=ours_ws)
+
+    theirs, ours = uno_build(), ours_build()
+    tree = ours.tree
+    mask = torch.ones(bs * q * (PREFIX + q), dtype=torch.bool, device="cuda")
+    positions = torch.empty(bs * q, dtype=torch.int64, device="cuda")
+    links = torch.full((3, bs, q), -1, dtype=torch.int64, device="cuda")
+
+    def sglang_inputs():
+        mask.fill_(True)
+        links.fill_(-1)
+        spec_tree.sgl_build_tree_kernel_triton(
+            ours.parent_list, ours.top_scores_index, seq_lens, mask, positions, *links, K, DEPTH, q
+        )
+
+    def ours_mask():
+        tree.sglang_custom_mask(seq_lens, mask)
+
+    fields = ds.eagle_verify_fields(tree, seq_lens, custom_mask_out=mask)
+    predict = torch.zeros(bs * q, dtype=torch.int32, device="cuda")
+    accept_index = torch.full((bs, DEPTH + 1), -1, dtype=torch.int32, device="cuda")
+    drafts = torch.empty(bs, dtype=torch.int32, device="cuda")
+
+    def sglang_accept():
+        predict.zero_()
+        accept_index.fill_(-1)
+        arg = torch.argmax(target.view(bs * q, VOCAB), dim=-1).view(bs, q)
+        spec_tree.verify_tree_greedy_triton(
+            predict,
+            accept_index,
+            drafts,
+            fields["draft_token"].view(bs, q),
+            fields["retrieve_index"],
+            fields["retrieve_next_token"],
+            fields["retrieve_next_sibling"],
+            arg,
+        )
+
+    def ours_accept():
+        return ddtree.accept_tree(tree, target)
+
+    def ours_sampled():
+        return ddtree.accept_tree(tree, target, temperature=1.0, top_p=0.9, generator=1)
+
+    out_cache_loc = torch.randperm(bs * q, device="cuda")
+    acc = ours_accept()
+    index64 = acc.accept_index
+    size = bs * index64.shape[1]
+    moved = torch.zeros(size, dtype=torch.int64, device="cuda")
+    index32 = index64.to(torch.int32)
+
+    def sglang_slots():
+        eagle.fill_accept_out_cache_loc_func(index32, out_cache_loc, moved, size)
+
+    def ours_slots():
+        return ddtree.kept_slots(acc, out_cache_loc.view(bs, q))
+
+    # Equality of the two paths on this input, before timing.
+    sglang_accept()
+    ours_result = ds.eagle_verify_result(acc, tree, seq_lens)
+    assert torch.equal(accept_index, ours_result["accept_index"]), "greedy accept differs"
+    assert torch.equal(predict, ours_result["predict"]), "predict differs"
+    t = {
+        "uno_build": graph_time_us(uno_build, REPLAYS),
+        "uno_topk": graph_time_us(uno_topk, REPLAYS),
+        "ddtree_build": graph_time_us(ours_build, REPLAYS),
+        "sglang_verify_inputs": graph_time_us(sglang_inputs, REPLAYS),
+        "ddtree_full_mask": graph_time_us(ours_mask, REPLAYS),
+        "sglang_accept_greedy": graph_time_us(sglang_accept, REPLAYS),
+        "ddtree_accept_greedy": graph_time_us(ours_accept, REPLAYS),
+        "ddtree_accept_sampled": graph_time_us(ours_sampled, REPLAYS),
+        "sglang_kept_slots": graph_time_us(sglang_slots, REPLAYS),
+        "ddtree_kept_slots": graph_time_us(ours_slots, REPLAYS),
+    }
+    return {"bs": bs, "q": q, "same_tree": same_trees(theirs, ours), **t}
+
+
+def attention_row(mods, family: str, bs: int, q: int) -> dict:
+    """SGLang's Triton extend attention (FULL custom mask, as triton_backend calls it in
+    target verify) against ddtree.tree_attention, same inputs; outputs compared."""
+    extend = mods[3]
+    c = attention_inputs(family, bs, q, ATT_PREFIX, "cuda")
+    tree = c["tree"]
+    hq, dqk = c["q"].shape[1], c["q"].shape[2]
+    dv = c["v_cache"].shape[-1]
+    hkv = c["k_cache"].shape[1]
+    ws = _attention.AttentionWorkspace(
+        "cuda", max_batch=bs, q_nodes=q, hq=hq, hkv=hkv, dqk=dqk, dv=dv
+    )
+    ours_out = torch.empty(bs * q, hq, dv, device="cuda", dtype=torch.bfloat16)
+    theirs_out = torch.empty_like(ours_out)
+    mask = tree.sglang_custom_mask(c["prefix_lens"])
+    qo_indptr = torch.arange(0, (bs + 1) * q, q, dtype=torch.int32, device="cuda")
+    mask_indptr = torch.arange(0, bs + 1, device="cuda", dtype=torch.int64) * (q * (ATT_PREFIX + q))
+    k_new, v_new = c["k_new"].contiguous(), c["v_new"].contiguous()
+    kv_indices = c["kv_indices"].to(torch.int64)
+
+    def sglang():
+        extend.extend_attention_fwd(
+            c["q"], k_new, v_new, theirs_out, c["k_cache"], c["v_cache"], qo_indptr,
+            c["kv_indptr"], kv_indices, mask, False, mask_indptr, q, 1.0, 1.0,
+            sm_scale=c["sm_scale"],
+        )  # fmt: skip
+
+    def ours():
+        _attention.tree_attention(**c, out=ours_out, workspace=ws)
+
+    sglang()
+    ours()
+    torch.cuda.synchronize()
+    diff = (ours_out.float() - theirs_out.float()).abs().max().item()
+    return {
+        "family": family,
+        "bs": bs,
+        "q": q,
+        "prefix": ATT_PREFIX,
+        "max_abs_diff": diff,
+        "sglang_extend_attention": graph_time_us(sglang, REPLAYS),
+        "ddtree_tree_attention": graph_time_us(ours, REPLAYS),
+    }
+
+
+def print_tables(builds: list, attentions: list) -> None:
+    head = (
+        "| bs | Q | same tree | UNO build (top-k) | ddtree build | SGLang verify inputs "
+        "| ddtree FULL mask | SGLang greedy accept | ddtree greedy | ddtree sampled "
+        "| SGLang kept slots | ddtree kept slots | SGLang sum | ddtree sum | ratio |"
+    )
+    print(head)
+    print("|" + "---|" * 15)
+    for r in builds:
+        theirs = r["uno_build"] + r["sglang_verify_inputs"] + r["sglang_accept_greedy"]
+        theirs += r["sglang_kept_slots"]
+        ours = r["ddtree_build"] + r["ddtree_accept_greedy"] + r["ddtree_kept_slots"]
+        print(
+            f"| {r['bs']} | {r['q']} | {r['same_tree']}/{r['bs']} "
+            f"| {r['uno_build']:.1f} ({r['uno_topk']:.1f}) | {r['ddtree_build']:.1f} "
+            f"| {r['sglang_verify_inputs']:.1f} | {r['ddtree_full_mask']:.1f} "
+            f"| {r['sglang_accept_greedy']:.1f} | {r['ddtree_accept_greedy']:.1f} "
+            f"| {r['ddtree_accept_sampled']:.1f} | {r['sglang_kept_slots']:.1f} "
+            f"| {r['ddtree_kept_slots']:.1f} | {theirs:.1f} | {ours:.1f} | {theirs / ours:.2f}× |"
+        )
+    print()
+    print("| attention | bs | Q | prefix | SGLang Triton extend (µs) | ddtree (µs) | ratio "
+          "| max abs diff |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    for r in attentions:
+        ratio = r["sglang_extend_attention"] / r["ddtree_tree_attention"]
+        print(
+            f"| {r['family']} | {r['bs']} | {r['q']} | {r['prefix']} "
+            f"| {r['sglang_extend_attention']:.1f} | {r['ddtree_tree_attention']:.1f} "
+            f"| {ratio:.2f}× | {r['max_abs_diff']:.3g} |"
+        )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="bs 1 and 8, Q 64 only")
+    p.add_argument("--json", help="also write the rows to this file")
+    args = p.parse_args()
+    mods = load()
+    shapes = [(1, 64), (8, 64)] if args.quick else [
+        (bs, q) for bs in (1, 8, 64) for q in (16, 64, 128)
+    ]  # fmt: skip
+    builds = []
+    for bs, q in shapes:
+        builds.append(build_row(mods, bs, q))
+        print(json.dumps(builds[-1]), flush=True)
+    attentions = []
+    for family in ("gqa", "mla16"):
+        for bs in (1, 8) if args.quick else (1, 8, 64):
+            attentions.append(attention_row(mods, family, bs, 64))
+            print(json.dumps(attentions[-1]), flush=True)
+    print_tables(builds, attentions)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"builds": builds, "attention": attentions}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
