@@ -4,7 +4,7 @@
 
 Every time is the median GPU time of a CUDA-graph replay of the stage (``graph_time_us``:
 the host queues the replays behind a spin kernel, so launch latency is not counted). Draft
-logits ``[bs, L=15, V=151936]`` bf16, K = 8 candidates per depth, prefix 1024 tokens
+logits ``[bs, L=15, V=151936]`` bf16, K = 8 candidates per depth (16 at Q = 128), prefix 1024 tokens
 (attention: 4096). SGLang's side is its own code from the 0.5.23 wheel
 (``tests/sglang_release.py``): UNO's builder with ``torch.topk`` standing in for flashinfer's
 top-k (flashinfer is not installed on the GPU machine; UNO's top-k alone is timed too), its
@@ -28,7 +28,7 @@ from ddtree import _attention
 from ddtree.bench_attention import inputs as attention_inputs
 from ddtree.bench_gpu import eager_time_us, graph_time_us
 
-DEPTH, VOCAB, K, PREFIX, ATT_PREFIX = 15, 151936, 8, 1024, 4096
+DEPTH, VOCAB, PREFIX, ATT_PREFIX = 15, 151936, 1024, 4096
 REPLAYS = 30
 
 
@@ -57,8 +57,14 @@ def same_trees(uno_p, ours) -> int:
     return int(same.all(dim=1).sum())
 
 
+def candidates(q: int) -> int:
+    """K: 8, or 16 where EAGLE's parent_list (K·(L−1)+1 wide) needs it (Q = 128)."""
+    return 8 if q - 1 <= 8 * (DEPTH - 1) + 1 else 16
+
+
 def build_row(mods, bs: int, q: int) -> dict:
     spec_tree, uno, eagle, _ = mods
+    K = candidates(q)  # noqa: N806 (the SPEC's name)
     x, roots, seq_lens, target = round_inputs(bs, q)
     ws: dict = {}
     ours_ws: dict = {}
@@ -148,7 +154,7 @@ def build_row(mods, bs: int, q: int) -> dict:
         "sglang_kept_slots": graph_time_us(sglang_slots, REPLAYS),
         "ddtree_kept_slots": graph_time_us(ours_slots, REPLAYS),
     }
-    return {"bs": bs, "q": q, "same_tree": same_trees(theirs, ours), "accept_agrees": agree, **t}
+    return {"bs": bs, "q": q, "k": K, "same_tree": same_trees(theirs, ours), "accept_agrees": agree, **t}
 
 
 def attention_row(mods, family: str, bs: int, q: int) -> dict:
@@ -208,7 +214,7 @@ def time_us(fn) -> float:
 
 def print_tables(builds: list, attentions: list) -> None:
     head = (
-        "| bs | Q | same tree | UNO build (top-k) | ddtree build | SGLang verify inputs "
+        "| bs | Q, K | same tree | UNO build (top-k) | ddtree build | SGLang verify inputs "
         "| ddtree FULL mask | SGLang greedy accept | ddtree greedy | ddtree sampled "
         "| SGLang kept slots | ddtree kept slots | SGLang sum | ddtree sum | ratio |"
     )
@@ -219,7 +225,7 @@ def print_tables(builds: list, attentions: list) -> None:
         theirs += r["sglang_kept_slots"]
         ours = r["ddtree_build"] + r["ddtree_accept_greedy"] + r["ddtree_kept_slots"]
         print(
-            f"| {r['bs']} | {r['q']} | {r['same_tree']}/{r['bs']} "
+            f"| {r['bs']} | {r['q']}, {r['k']} | {r['same_tree']}/{r['bs']} "
             f"| {r['uno_build']:.1f} ({r['uno_topk']:.1f}) | {r['ddtree_build']:.1f} "
             f"| {r['sglang_verify_inputs']:.1f} | {r['ddtree_full_mask']:.1f} "
             f"| {r['sglang_accept_greedy']:.1f} | {r['ddtree_accept_greedy']:.1f} "

@@ -58,6 +58,9 @@ def is_cuda():
 def next_power_of_2(n):
     return 1 << (int(n) - 1).bit_length()
 
+def get_device_core_count(device_id=0):
+    return torch.cuda.get_device_properties(device_id).multi_processor_count
+
 def __getattr__(name):
     if name.startswith("is_"):
         return lambda *args, **kwargs: False  # hip, npu, musa, xpu, cpu, gfx…: not these

@@ -86,19 +86,22 @@ class Data:
 
 
 def generate(target, prompt_ids: list[list[int]], cfg: dflash.DraftConfig, max_new: int,
-             device, bs: int = 32, seed: int = 0) -> Data:  # fmt: skip
-    """The target's responses to `prompt_ids` (greedy for even batches, sampled at 0.8 for
-    odd ones), then every sequence's tapped hidden states from one prefill."""
+             device, bs: int = 32, seed: int = 0, samples: int = 1) -> Data:  # fmt: skip
+    """The target's responses to `prompt_ids`, then every sequence's tapped hidden states from
+    one prefill. With ``samples`` = 1: greedy for even batches, sampled at 0.8 for odd ones;
+    with more, each prompt gets one greedy response and ``samples`` − 1 sampled at 0.8."""
     torch.manual_seed(seed)
     seqs, starts = [], []
-    for i in range(0, len(prompt_ids), bs):
-        chunk = prompt_ids[i : i + bs]
-        engine = _engine(target, chunk, max_new, device)
-        temperature = 0.8 if (i // bs) % 2 else 0.0
-        r = decode.Greedy(engine, len(chunk), max_new, target.config.eos_id, temperature)
-        out = r.decode(chunk)
-        seqs += [p + t for p, t in zip(chunk, out.tokens, strict=True)]
-        starts += [len(p) for p in chunk]
+    for copy in range(samples):
+        for i in range(0, len(prompt_ids), bs):
+            chunk = prompt_ids[i : i + bs]
+            engine = _engine(target, chunk, max_new, device)
+            sampled = (i // bs) % 2 if samples == 1 else copy > 0
+            temperature = 0.8 if sampled else 0.0
+            r = decode.Greedy(engine, len(chunk), max_new, target.config.eos_id, temperature)
+            out = r.decode(chunk)
+            seqs += [p + t for p, t in zip(chunk, out.tokens, strict=True)]
+            starts += [len(p) for p in chunk]
     width = max(map(len, seqs))
     engine = _engine(target, [[0] * width], 0, device)
     tokens = torch.zeros(len(seqs), width, dtype=torch.int64)
@@ -275,9 +278,9 @@ def train(target, tok, args, log=print) -> dict:
     train_texts, held_texts = split(texts)
     t0 = time.perf_counter()
     data = generate(target, [tok.chat(p) for p in train_texts], cfg, args.max_new_tokens,
-                    device, seed=args.seed)  # fmt: skip
+                    device, args.gen_batch, args.seed, args.samples)  # fmt: skip
     held = generate(target, [tok.chat(p) for p in held_texts], cfg, args.max_new_tokens,
-                    device, seed=args.seed + 1)  # fmt: skip
+                    device, args.gen_batch, args.seed + 1)  # fmt: skip
     gen_s = time.perf_counter() - t0
     tokens = int((data.lengths - data.starts).sum())
     log(f"data: {len(data)} sequences ({tokens} response tokens), {len(held)} held out, "
@@ -287,7 +290,8 @@ def train(target, tok, args, log=print) -> dict:
     moments = getattr(torch, args.checkpoint_moments)
     trainer = Trainer(w, cfg, embed, args.steps, args.lr, args.seed, moments)
     out = pathlib.Path(args.out)
-    record = {"seed": args.seed, "sequences": len(data), "response_tokens": tokens}
+    record = {"seed": args.seed, "sequences": len(data), "response_tokens": tokens,
+              "samples": args.samples}  # fmt: skip
     if (out / "checkpoint" / "state.json").exists():
         state = trainer.load(out / "checkpoint")
         record["train_seconds"] = state.get("train_seconds", 0.0)
@@ -326,6 +330,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", type=int, default=len(prompts()),
                    help=f"prompts used (default: all {len(prompts())})")  # fmt: skip
     p.add_argument("--max-new-tokens", type=int, default=192, help="default: 192")
+    p.add_argument("--samples", type=int, default=1,
+                   help="responses per training prompt: one greedy, the rest sampled at 0.8 "
+                   "(default: 1, greedy and sampled prompts alternating by batch)")  # fmt: skip
+    p.add_argument("--gen-batch", type=int, default=32,
+                   help="prompts decoded at once while generating (default: 32)")  # fmt: skip
     p.add_argument("--steps", type=int, default=3000, help="default: 3000")
     p.add_argument("--minutes", type=float, default=12.0, help="stop after (default: 12)")
     p.add_argument("--batch", type=int, default=16, help="sequences per step (default: 16)")
