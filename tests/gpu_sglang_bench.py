@@ -154,7 +154,8 @@ def build_row(mods, bs: int, q: int) -> dict:
         "sglang_kept_slots": graph_time_us(sglang_slots, REPLAYS),
         "ddtree_kept_slots": graph_time_us(ours_slots, REPLAYS),
     }
-    return {"bs": bs, "q": q, "k": K, "same_tree": same_trees(theirs, ours), "accept_agrees": agree, **t}
+    same = same_trees(theirs, ours)
+    return {"bs": bs, "q": q, "k": K, "same_tree": same, "accept_agrees": agree, **t}
 
 
 def attention_row(mods, family: str, bs: int, q: int) -> dict:

@@ -38,6 +38,7 @@ FILES = (
     "sglang/kernels/ops/attention/decode_attention.py",
     "sglang/kernels/ops/attention/score_mod.py",
     "sglang/srt/speculative/uno_worker_v2.py",
+    "sglang/srt/arg_groups/speculative_hook.py",
 )
 PACKAGES = (
     "sglang",

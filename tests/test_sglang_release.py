@@ -220,17 +220,19 @@ def test_proposal_encoding_by_hand():
 
 
 def test_patch_applies_to_the_release_and_keeps_the_call(tmp_path):
-    """docs/patches' one-line change applies to the wheel's uno_worker_v2.py, and the call it
-    redirects passes only arguments ``uno_proposal`` takes."""
-    name = "sglang/srt/speculative/uno_worker_v2.py"
-    target = tmp_path / name
-    target.parent.mkdir(parents=True)
-    target.write_text(sglang_release.source(name))
+    """docs/patches' change applies to the wheel's files: uno_worker_v2.py's builder import
+    becomes ``uno_proposal``, whose parameters cover every argument of the call it
+    redirects; the start-up check's UNO-only limits (Q ≤ 128, Q·K ≤ 2048) become Q ≤ 1024."""
+    worker = "sglang/srt/speculative/uno_worker_v2.py"
+    hook = "sglang/srt/arg_groups/speculative_hook.py"
+    for name in (worker, hook):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(sglang_release.source(name))
     tool = shutil.which("patch")
     if tool is None:
         pytest.fail("the `patch` tool is needed to check docs/patches (apt install patch)")
     subprocess.run([tool, "-p1", "-s", "-i", str(PATCH)], cwd=tmp_path, check=True)
-    patched = ast.parse(target.read_text())
+    patched = ast.parse((tmp_path / worker).read_text())
     imports = [
         (n.module, a.name, a.asname)
         for n in ast.walk(patched)
@@ -249,6 +251,9 @@ def test_patch_applies_to_the_release_and_keeps_the_call(tmp_path):
     for call in calls:
         assert len(call.args) == 2
         assert {k.arg for k in call.keywords} <= set(takes)
+    checks = (tmp_path / hook).read_text()
+    assert "verify_width > 1024" in checks and "verify_width > 128" not in checks
+    assert "frontier_slots" not in checks
 
 
 def test_uno_proposal_refuses_what_eagle_cannot_encode():
@@ -259,6 +264,7 @@ def test_uno_proposal_refuses_what_eagle_cannot_encode():
         (dict(max_nodes=30, candidate_top_k=2), "max_nodes: a tree of depth 3"),
         (dict(max_nodes=8, candidate_top_k=41), "candidate_top_k: 41 exceeds"),
         (dict(max_nodes=0, candidate_top_k=2), "max_nodes: must be ≥ 1"),
+        (dict(max_nodes=1025, candidate_top_k=40), "max_nodes: must be ≤ 1024"),
         (dict(max_nodes=8, candidate_top_k=4, temperature=torch.ones(3)), "temperature: shape"),
         (dict(max_nodes=8, candidate_top_k=4, temperature="hot"), "temperature: expected"),
     ]

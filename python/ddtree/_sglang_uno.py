@@ -27,6 +27,10 @@ from . import _validate
 from ._api import build_tree
 from ._types import Tree
 
+# EAGLE's build_tree_kernel_efficient takes at most 1024 verify nodes, as does ddtree's GPU
+# build (budget ≤ 1023, crates/ddtree-cuda/src/launch.rs).
+MAX_NODES = 1024
+
 
 @dataclass(frozen=True)
 class UnoProposal:
@@ -76,7 +80,7 @@ def check_proposal_args(root_tokens, draft_logits, max_nodes, candidate_top_k, t
     if roots.shape != (bs,):
         raise ValueError(f"root_tokens: shape must be [{bs}], got {list(roots.shape)}")
     _validate.same_device("root_tokens", roots, x.device)
-    q = _validate.positive_int("max_nodes", max_nodes, limit=_validate.MAX_BUDGET + 1)
+    q = _validate.positive_int("max_nodes", max_nodes, limit=MAX_NODES)
     k = _validate.positive_int("candidate_top_k", candidate_top_k)
     if k > vocab:
         raise ValueError(f"candidate_top_k: {k} exceeds the vocabulary size {vocab}")
@@ -120,14 +124,18 @@ def uno_proposal(
     Same arguments as SGLang 0.5.23's ``build_uno_tree_proposal``: ``root_tokens`` int
     ``[bs]``, ``draft_logits`` ``[bs, L, V]`` (row d − 1 is depth d), ``max_nodes`` = Q (root
     included), ``candidate_top_k`` = K. The tree is SPEC's: budget Q − 1, top-k cap K, every
-    tie broken by token id, bit-identical on CPU and GPU. ``temperature`` is checked as UNO
+    tie broken by token id; the CPU and GPU paths give the same tree (SPEC's one-ulp allowance
+    on the normaliser aside). ``temperature`` is checked as UNO
     checks it but not applied: the tree is built from the logits as given (divide them first
     to build from tempered distributions); a proposal's ranking changes only how many tokens
     are accepted, never which. ``workspace`` holds the zero prefix lengths between calls.
 
-    A row with NaN or +inf logits gets a root-only DDTree tree (``tree.status`` nonzero); its
-    Q − 1 unused slots are encoded as children of the root carrying token 0, which EAGLE's
-    verify may accept like any draft token (still lossless). No value is read on the host.
+    Where a row has fewer than Q − 1 rank paths (tokens masked with −inf), or gets a
+    root-only tree (NaN or +inf logits: ``tree.status`` nonzero), the unused slots are
+    encoded as children of the root carrying token 0, which EAGLE's verify may accept like
+    any draft token (still lossless); ddtree's own tree leaves them unlinked. The tree is
+    built with zero prefix lengths: :func:`ddtree.sglang.eagle_verify_fields` takes the real
+    ones. No value is read on the host.
     """
     x, roots, q, k = check_proposal_args(
         root_tokens, draft_logits, max_nodes, candidate_top_k, temperature

@@ -266,15 +266,20 @@ def eagle_verify_fields(tree: Tree, seq_lens, **mask_args) -> dict:
 
     What ``build_eagle_verify_input`` passes to ``EagleVerifyInput(...)``, with 0.5.23's
     field names (``retrieve_*``), from ddtree's emit instead of ``build_tree_kernel_efficient``;
-    ``mask_args`` are :func:`verify_input`'s mask options. Usage:
+    ``seq_lens`` int ``[bs]`` tensor (the verify batch's), ``mask_args`` :func:`verify_input`'s
+    mask options. Positions are ``seq_lens + depth``, whatever prefix the tree was built with
+    (so the tree of :func:`uno_proposal` serves). Usage:
     ``EagleVerifyInput(**eagle_verify_fields(tree, batch.seq_lens, seq_lens_sum=...),
     capture_hidden_mode=None, prepared_out_cache_loc=None, prepared_mrope_positions=None)``.
     """
     v = verify_input(tree, seq_lens, **mask_args)
+    # From seq_lens, not tree.positions: a proposal's tree is built with zero prefixes.
+    positions = (_check_seq_lens(seq_lens, tree.batch_size, tree.device).unsqueeze(1)
+                 + tree.depths).reshape(-1)  # fmt: skip
     return {
         "draft_token": v["draft_token"],
         "custom_mask": v["custom_mask"],
-        "positions": v["positions"],
+        "positions": positions,
         "retrieve_index": v["retrive_index"],
         "retrieve_next_token": v["retrive_next_token"],
         "retrieve_next_sibling": v["retrive_next_sibling"],
