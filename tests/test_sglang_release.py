@@ -106,8 +106,11 @@ def test_sglang_builds_ddtree_tree_from_proposal(spec_tree, shape, kind):
     whose logits allow fewer paths than Q − 1) become root children there, as documented."""
     for seed in range(3):
         _, _, seq_lens, tree, proposal = case(seed, shape, kind)
+        if seed == 2:  # the proposal's own tree (zero prefixes) gives the same fields
+            tree = proposal.tree
         theirs = sglang_verify_inputs(spec_tree, proposal, seq_lens)
         ours = ds.eagle_verify_fields(tree, seq_lens)
+        assert ds.eagle_verify_fields(tree, seq_lens, mask=False)["custom_mask"] is None
         assert torch.equal(theirs["draft_token"], ours["draft_token"])
         assert torch.equal(theirs["retrieve_index"], ours["retrieve_index"])
         real = (tree.parents >= 0).cpu()
@@ -120,8 +123,9 @@ def test_sglang_builds_ddtree_tree_from_proposal(spec_tree, shape, kind):
             for name in ("positions", "custom_mask", *links):
                 assert torch.equal(theirs[name], ours[name]), name
         else:
-            pos = theirs["positions"].view(tree.positions.shape)
-            assert torch.equal(pos[real.to(DEVICE)], tree.positions[real.to(DEVICE)])
+            shape = tree.positions.shape
+            pos, our_pos = theirs["positions"].view(shape), ours["positions"].view(shape)
+            assert torch.equal(pos[real.to(DEVICE)], our_pos[real.to(DEVICE)])
 
 
 def target_logits(seed: int, tree, vocab: int) -> torch.Tensor:

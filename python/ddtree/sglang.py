@@ -261,18 +261,20 @@ def kv_keep_free(acc: Acceptance, out_cache_loc: torch.Tensor):
     return keep, release.reshape(-1)
 
 
-def eagle_verify_fields(tree: Tree, seq_lens, **mask_args) -> dict:
+def eagle_verify_fields(tree: Tree, seq_lens, *, mask: bool = True, **mask_args) -> dict:
     """SGLang 0.5.23's ``EagleVerifyInput`` constructor arguments for ``tree``.
 
     What ``build_eagle_verify_input`` passes to ``EagleVerifyInput(...)``, with 0.5.23's
     field names (``retrieve_*``), from ddtree's emit instead of ``build_tree_kernel_efficient``;
     ``seq_lens`` int ``[bs]`` tensor (the verify batch's), ``mask_args`` :func:`verify_input`'s
-    mask options. Positions are ``seq_lens + depth``, whatever prefix the tree was built with
-    (so the tree of :func:`uno_proposal` serves). Usage:
+    mask options; ``mask=False`` builds no FULL mask (``custom_mask`` None: for a verify
+    attention that reads ``tree.ancestor_bits``, as ``ddtree.tree_attention`` does). Positions
+    are ``seq_lens + depth``, whatever prefix the tree was built with (so the tree of
+    :func:`uno_proposal` serves). Usage:
     ``EagleVerifyInput(**eagle_verify_fields(tree, batch.seq_lens, seq_lens_sum=...),
     capture_hidden_mode=None, prepared_out_cache_loc=None, prepared_mrope_positions=None)``.
     """
-    v = verify_input(tree, seq_lens, **mask_args)
+    v = verify_input(tree, seq_lens if mask else None, **mask_args)
     # From seq_lens, not tree.positions: a proposal's tree is built with zero prefixes.
     positions = (_check_seq_lens(seq_lens, tree.batch_size, tree.device).unsqueeze(1)
                  + tree.depths).reshape(-1)  # fmt: skip
