@@ -123,8 +123,8 @@ def test_sglang_builds_ddtree_tree_from_proposal(spec_tree, shape, kind):
             for name in ("positions", "custom_mask", *links):
                 assert torch.equal(theirs[name], ours[name]), name
         else:
-            shape = tree.positions.shape
-            pos, our_pos = theirs["positions"].view(shape), ours["positions"].view(shape)
+            dims = tree.positions.shape
+            pos, our_pos = theirs["positions"].view(dims), ours["positions"].view(dims)
             assert torch.equal(pos[real.to(DEVICE)], our_pos[real.to(DEVICE)])
 
 
