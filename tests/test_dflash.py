@@ -221,11 +221,11 @@ def test_the_training_job_runs_resumes_and_writes_its_record(tmp_path):
     args = types.SimpleNamespace(
         device="cpu", layers=1, block=4, taps=(0, 2), prompts=12, max_new_tokens=6, steps=3,
         minutes=5.0, batch=4, anchors=3, gamma=2.0, lr=1e-3, every=1, seed=0, out=str(tmp_path),
-        save_minutes=0.0, checkpoint_moments="bfloat16",
+        save_minutes=0.0, checkpoint_moments="bfloat16", samples=2, gen_batch=4,
     )  # fmt: skip
     lines = []
     record = td.train(target, tok, args, log=lines.append)
-    assert record["step"] == 3 and record["sequences"] == 10 and record["held_out_acceptance"] >= 1
+    assert record["step"] == 3 and record["sequences"] == 20 and record["held_out_acceptance"] >= 1
     assert any(line.startswith("step 3/3: loss") for line in lines)
     args.steps = 5
     again = td.train(target, tok, args, log=lines.append)
