@@ -97,24 +97,11 @@ def build_row(mods, bs: int, q: int) -> dict:
         tree.sglang_custom_mask(seq_lens, mask)
 
     fields = ds.eagle_verify_fields(tree, seq_lens, custom_mask_out=mask)
-    predict = torch.zeros(bs * q, dtype=torch.int32, device="cuda")
-    accept_index = torch.full((bs, DEPTH + 1), -1, dtype=torch.int32, device="cuda")
-    drafts = torch.empty(bs, dtype=torch.int32, device="cuda")
+    outputs = sglang_release.greedy_outputs(bs, q, DEPTH, "cuda")
+    predict, accept_index, _ = outputs
 
     def sglang_accept():
-        predict.zero_()
-        accept_index.fill_(-1)
-        arg = torch.argmax(target.view(bs * q, VOCAB), dim=-1).view(bs, q)
-        spec_tree.verify_tree_greedy_triton(
-            predict,
-            accept_index,
-            drafts,
-            fields["draft_token"].view(bs, q),
-            fields["retrieve_index"],
-            fields["retrieve_next_token"],
-            fields["retrieve_next_sibling"],
-            arg,
-        )
+        sglang_release.greedy_verify(spec_tree, fields, target, outputs)
 
     def ours_accept():
         return ddtree.accept_tree(tree, target)

@@ -146,3 +146,34 @@ def load(module: str):
 def source(name: str) -> str:
     """A file of the wheel as released (for the patch test)."""
     return (extract() / name).read_text()
+
+
+def greedy_outputs(bs: int, q: int, depth: int, device):
+    """What ``eagle_sample`` allocates for the greedy walk: ``predict`` int32 ``[bs*Q]``,
+    ``accept_index`` int32 ``[bs, L+1]`` and the accepted-draft counts int32 ``[bs]``."""
+    return (
+        torch.zeros(bs * q, dtype=torch.int32, device=device),
+        torch.full((bs, depth + 1), -1, dtype=torch.int32, device=device),
+        torch.empty(bs, dtype=torch.int32, device=device),
+    )
+
+
+def greedy_verify(spec_tree, inputs: dict, target: torch.Tensor, outputs) -> tuple:
+    """SGLang's greedy tree verify as ``eagle_sample`` runs it on ``inputs`` (the
+    ``EagleVerifyInput`` fields): argmax over every target row ``[bs, Q, V]``, then its
+    Triton ``verify_tree_greedy``, into ``outputs`` (reset first, as a fresh allocation)."""
+    predict, accept_index, drafts = outputs
+    bs, q = inputs["retrieve_index"].shape
+    predict.zero_()
+    accept_index.fill_(-1)
+    spec_tree.verify_tree_greedy_triton(
+        predict,
+        accept_index,
+        drafts,
+        inputs["draft_token"].view(bs, q),
+        inputs["retrieve_index"],
+        inputs["retrieve_next_token"],
+        inputs["retrieve_next_sibling"],
+        torch.argmax(target.reshape(bs * q, -1), dim=-1).view(bs, q),
+    )
+    return outputs

@@ -156,19 +156,9 @@ def test_sglang_greedy_verify_accepts_what_ddtree_accepts(spec_tree, eagle_ops, 
         acc = ddtree.accept_tree(tree, target)
         ours = ds.eagle_verify_result(acc, tree, seq_lens)
         fields = ds.eagle_verify_fields(tree, seq_lens)
-        bs, q = tree.verify_ids.shape
-        predict = torch.zeros(bs * q, dtype=torch.int32, device=DEVICE)
-        accept_index = torch.full((bs, tree.depth + 1), -1, dtype=torch.int32, device=DEVICE)
-        drafts = torch.empty(bs, dtype=torch.int32, device=DEVICE)
-        spec_tree.verify_tree_greedy_triton(
-            predict,
-            accept_index,
-            drafts,
-            fields["draft_token"].view(bs, q),
-            fields["retrieve_index"],
-            fields["retrieve_next_token"],
-            fields["retrieve_next_sibling"],
-            torch.argmax(target.view(bs * q, -1), dim=-1).view(bs, q),
+        outputs = sglang_release.greedy_outputs(*tree.verify_ids.shape, tree.depth, DEVICE)
+        predict, accept_index, drafts = sglang_release.greedy_verify(
+            spec_tree, fields, target, outputs
         )
         assert torch.equal(predict, ours["predict"])
         assert torch.equal(accept_index, ours["accept_index"])
@@ -189,20 +179,8 @@ def test_full_chain_through_sglang_build_when_no_slot_is_unused(spec_tree):
         inputs = sglang_verify_inputs(spec_tree, proposal, seq_lens)
         target = target_logits(seed, tree, x.shape[2])
         ours = ds.eagle_verify_result(ddtree.accept_tree(tree, target), tree, seq_lens)
-        bs, q = tree.verify_ids.shape
-        predict = torch.zeros(bs * q, dtype=torch.int32, device=DEVICE)
-        accept_index = torch.full((bs, tree.depth + 1), -1, dtype=torch.int32, device=DEVICE)
-        drafts = torch.empty(bs, dtype=torch.int32, device=DEVICE)
-        spec_tree.verify_tree_greedy_triton(
-            predict,
-            accept_index,
-            drafts,
-            inputs["draft_token"].view(bs, q),
-            inputs["retrieve_index"],
-            inputs["retrieve_next_token"],
-            inputs["retrieve_next_sibling"],
-            torch.argmax(target.view(bs * q, -1), dim=-1).view(bs, q),
-        )
+        outputs = sglang_release.greedy_outputs(*tree.verify_ids.shape, tree.depth, DEVICE)
+        predict, accept_index, _ = sglang_release.greedy_verify(spec_tree, inputs, target, outputs)
         assert torch.equal(accept_index, ours["accept_index"])
         assert torch.equal(predict, ours["predict"])
 
