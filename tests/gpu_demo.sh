@@ -13,7 +13,8 @@
 # and writes $OUT/bsN.json, its table in $OUT/summary.md, progress in $OUT/run.log.
 # DEMO_ARGS adds flags to every demo run (e.g. "--max-new-tokens 32 --budget 63").
 # `train` (not in the default STEPS) runs `python -m ddtree.demo.train_drafter` for
-# TRAIN_MINUTES (whole minutes, default 6) with TRAIN_ARGS, resuming from the checkout's
+# TRAIN_MINUTES (whole minutes, default 6; TRAIN_DATA_SECONDS, default 150, on top for the
+# data) with TRAIN_ARGS, resuming from the checkout's
 # train_ckpt/ (a git-ignored folder carried along) when it has one; the checkpoint's shards,
 # state.json and drafter.safetensors come back under $OUT/train (about 50 MB in 5 files for one
 # draft layer, Adam's moments in bf16: leave the other steps out of that call).
@@ -83,7 +84,7 @@ EOF
         # shellcheck disable=SC2086
         # The data generation's minute or two on top of the training's own limit, within
         # the call (the checkpoint is also saved every two minutes).
-        limit=$(( minutes * 60 + 150 )); [ "$limit" -gt 570 ] && limit=570
+        limit=$(( minutes * 60 + ${TRAIN_DATA_SECONDS:-150} )); [ "$limit" -gt 570 ] && limit=570
         timeout "$limit" python3 -m ddtree.demo.train_drafter --device cuda \
             --out /tmp/train --minutes "$minutes" ${TRAIN_ARGS:-} \
             2>&1 | tee -a "$OUT/run.log" || status=1

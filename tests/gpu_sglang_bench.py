@@ -25,6 +25,7 @@ import torch
 import ddtree
 import ddtree.sglang as ds
 from ddtree import _attention
+from ddtree._commit import CacheTable
 from ddtree.bench_attention import inputs as attention_inputs
 from ddtree.bench_gpu import eager_time_us, graph_time_us
 
@@ -38,6 +39,12 @@ def load():
     eagle = sglang_release.load("sglang.kernels.ops.speculative.eagle")
     attention = sglang_release.load("sglang.kernels.ops.attention.extend_attention")
     return spec_tree, uno, eagle, attention
+
+
+def load_kv():
+    cache_locs = sglang_release.load("sglang.kernels.ops.speculative.cache_locs")
+    cache_move = sglang_release.load("sglang.kernels.ops.kvcache.cache_move")
+    return cache_locs, cache_move
 
 
 def round_inputs(bs: int, q: int, seed: int = 0):
@@ -145,6 +152,84 @@ def build_row(mods, bs: int, q: int) -> dict:
     return {"bs": bs, "q": q, "k": K, "same_tree": same, "accept_agrees": agree, **t}
 
 
+LAYERS, KV_HEADS, HEAD_DIM = 32, 8, 128  # a Llama-3-8B-like pool: 64 buffers of 2 KB rows
+
+
+def deep_target(tree, target: torch.Tensor) -> None:
+    """Make each node's first child the target's argmax there, so the walk goes deep."""
+    first = tree.first_child
+    has = first >= 0
+    child_token = tree.verify_ids.gather(1, first.clamp(min=0))
+    peak = torch.full_like(child_token, 60, dtype=target.dtype)
+    row = target.gather(2, child_token.unsqueeze(-1)).squeeze(-1)
+    target.scatter_(2, child_token.unsqueeze(-1), torch.where(has, peak, row).unsqueeze(-1))
+
+
+def kv_copy_config(row_bytes: int) -> dict:
+    """The tiling ``MHATokenToKVPool._init_kv_copy_and_warmup`` picks for these rows (its
+    heuristics, restated: that method lives in a module that needs the serving stack)."""
+    tile = 512 if row_bytes >= 8192 else 256 if row_bytes >= 4096 else 128
+    return {
+        "bytes_per_tile": tile,
+        "byte_tiles": (row_bytes + tile - 1) // tile,
+        "num_warps": 4 if tile <= 256 else 8,
+        "num_locs_upper": 128 if tile >= 512 else 256,
+    }
+
+
+def kv_row(eagle, kv_mods, bs: int, q: int) -> dict:
+    """KV compaction after the walk: SGLang's ``move_accept_tokens_to_target_kvcache`` (its
+    slot kernels, then the pool's all-layer row copy, chunked as ``_move_kv_cache_impl``
+    chunks) against ``ddtree.compact_kv``, over the same 64 buffers; results compared."""
+    cache_locs, cache_move = kv_mods
+    x, roots, seq_lens, target = round_inputs(bs, q)
+    tree = ddtree.build_tree(x, roots, seq_lens, budget=q - 1, topk=candidates(q))
+    deep_target(tree, target)
+    acc = ddtree.accept_tree(tree, target)
+    out_cache_loc = 1 + torch.randperm(bs * q, device="cuda")  # slot 0: SGLang's dummy
+    ours = [
+        torch.randn(bs * q + 1, KV_HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+        for _ in range(2 * LAYERS)
+    ]
+    theirs = [c.clone() for c in ours]
+    table = CacheTable(ours, torch.device("cuda"))
+    row_bytes = KV_HEADS * HEAD_DIM * 2
+    ptrs = torch.tensor([c.data_ptr() for c in theirs], dtype=torch.uint64, device="cuda")
+    strides = torch.full((len(theirs),), row_bytes, dtype=torch.int64, device="cuda")
+    cfg = kv_copy_config(row_bytes)
+    size = bs * acc.path_len
+    sources = torch.zeros(size, dtype=torch.int64, device="cuda")
+    targets = torch.zeros(size, dtype=torch.int64, device="cuda")
+    index32, lens = acc.accept_index.to(torch.int32), acc.accept_len.to(torch.int32)
+    cap = cfg["num_locs_upper"]
+
+    def sglang_move():
+        cache_locs.fill_front_out_cache_loc_func(lens, out_cache_loc, targets)
+        eagle.fill_accept_out_cache_loc_func(index32, out_cache_loc, sources, size)
+        for start in range(0, size, cap):
+            n = min(cap, size - start)
+            cache_move.copy_all_layer_kv_cache_func(
+                ptrs, strides, targets[start:], sources[start:], n, 1 << (n - 1).bit_length(), cfg
+            )
+
+    def ours_move():
+        ddtree.compact_kv(acc, out_cache_loc.view(bs, q), table)
+
+    sglang_move()
+    ours_move()
+    torch.cuda.synchronize()
+    agree = all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
+    return {
+        "bs": bs,
+        "q": q,
+        "mean_accept_len": float(acc.accept_len.float().mean()),
+        "rows_moved": size,
+        "kv_agrees": agree,
+        "sglang_kv_move": graph_time_us(sglang_move, REPLAYS),
+        "ddtree_compact_kv": graph_time_us(ours_move, REPLAYS),
+    }
+
+
 def attention_row(mods, family: str, bs: int, q: int) -> dict:
     """SGLang's Triton extend attention (FULL custom mask, as triton_backend calls it in
     target verify) against ddtree.tree_attention, same inputs; outputs compared."""
@@ -200,7 +285,7 @@ def time_us(fn) -> float:
         return -eager_time_us(fn, REPLAYS)
 
 
-def print_tables(builds: list, attentions: list) -> None:
+def print_tables(builds: list, attentions: list, kvs: list) -> None:
     head = (
         "| bs | Q, K | same tree | UNO build (top-k) | ddtree build | SGLang verify inputs "
         "| ddtree FULL mask | SGLang greedy accept | ddtree greedy | ddtree sampled "
@@ -231,6 +316,17 @@ def print_tables(builds: list, attentions: list) -> None:
             f"| {r['sglang_extend_attention']:.1f} | {r['ddtree_tree_attention']:.1f} "
             f"| {ratio:.2f}× | {r['max_abs_diff']:.3g} |"
         )
+    print()
+    print("| KV compaction (64 buffers) | bs | Q | mean accept_len | rows | SGLang move (µs) "
+          "| ddtree compact_kv (µs) | ratio | same caches |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in kvs:
+        ratio = r["sglang_kv_move"] / r["ddtree_compact_kv"]
+        print(
+            f"| {LAYERS} layers K+V, {KV_HEADS}×{HEAD_DIM} bf16 | {r['bs']} | {r['q']} "
+            f"| {r['mean_accept_len']:.2f} | {r['rows_moved']} | {r['sglang_kv_move']:.1f} "
+            f"| {r['ddtree_compact_kv']:.1f} | {ratio:.2f}× | {r['kv_agrees']} |"
+        )
 
 
 def main() -> None:
@@ -251,10 +347,15 @@ def main() -> None:
         for bs in (1, 8) if args.quick else (1, 8, 64):
             attentions.append(attention_row(mods, family, bs, 64))
             print(json.dumps(attentions[-1]), flush=True)
-    print_tables(builds, attentions)
+    kvs = []
+    kv_mods = load_kv()
+    for bs in (1, 8) if args.quick else (1, 8, 64):
+        kvs.append(kv_row(mods[2], kv_mods, bs, 64))
+        print(json.dumps(kvs[-1]), flush=True)
+    print_tables(builds, attentions, kvs)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"builds": builds, "attention": attentions}, f, indent=1)
+            json.dump({"builds": builds, "attention": attentions, "kv": kvs}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 The whole ``sglang`` package needs a serving stack (sgl-kernel, flashinfer, …) that neither
 CI nor the lent GPU has, so only the module files the tests run are taken from the wheel,
 verbatim: the Triton tree build and greedy verify (``spec_tree.py``), UNO's tree builder
-(``uno_tree.py``), the verify-commit kernels (``eagle.py``) and the Triton extend attention
+(``uno_tree.py``), the verify-commit and kept-slot kernels (``eagle.py``, ``cache_locs.py``),
+the KV pool's row mover (``cache_move.py``) and the Triton extend attention
 (``extend_attention.py`` with its two imports). Around them sit stub modules for what they
 import only to probe the platform (``sglang.srt.utils``, ``platforms``, ``environ``), and a
 ``flashinfer.top_k`` stand-in (``torch.topk``; flashinfer is not installed) for UNO.
@@ -34,6 +35,8 @@ FILES = (
     "sglang/kernels/ops/speculative/spec_tree.py",
     "sglang/kernels/ops/speculative/uno_tree.py",
     "sglang/kernels/ops/speculative/eagle.py",
+    "sglang/kernels/ops/speculative/cache_locs.py",
+    "sglang/kernels/ops/kvcache/cache_move.py",
     "sglang/kernels/ops/attention/extend_attention.py",
     "sglang/kernels/ops/attention/decode_attention.py",
     "sglang/kernels/ops/attention/score_mod.py",
@@ -47,6 +50,7 @@ PACKAGES = (
     "sglang/kernels/ops",
     "sglang/kernels/ops/speculative",
     "sglang/kernels/ops/attention",
+    "sglang/kernels/ops/kvcache",
 )
 
 STUBS = {

@@ -170,6 +170,45 @@ def test_sglang_greedy_verify_accepts_what_ddtree_accepts(spec_tree, eagle_ops, 
         assert torch.equal(bonus, ours["bonus_tokens"])
 
 
+def kv_move_case(seed: int, kind: str):
+    """An acceptance and a verify window of KV slots (slot 0 left out: SGLang's dummy)."""
+    x, _, _, tree, _ = case(seed, SHAPES[2], kind)
+    acc = ddtree.accept_tree(tree, target_logits(seed, tree, x.shape[2]))
+    bs, q = tree.verify_ids.shape
+    out_cache_loc = 1 + torch.randperm(bs * q, device=DEVICE)
+    return acc, out_cache_loc, bs * acc.path_len, int(acc.accept_len.sum())
+
+
+def test_sglang_kv_move_sources_are_ddtree_kept_slots(eagle_ops):
+    """The rows SGLang's ``move_accept_tokens_to_target_kvcache`` moves
+    (``fill_accept_out_cache_loc``): ddtree's kept slots, in path order, packed."""
+    for seed, kind in enumerate(KINDS):
+        acc, out_cache_loc, size, n = kv_move_case(seed, kind)
+        sources = torch.zeros(size, dtype=torch.int64, device=DEVICE)
+        index = acc.accept_index.to(torch.int32)
+        eagle_ops.fill_accept_out_cache_loc_func(index, out_cache_loc, sources, size)
+        kept, _ = ddtree.kept_slots(acc, out_cache_loc.view(acc.batch_size, -1))
+        assert torch.equal(sources[:n], kept[kept >= 0])
+        assert not bool(sources[n:].any())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE != "cuda", reason="its kernel's data-dependent loop needs a GPU")
+def test_sglang_kv_move_targets_are_where_compact_kv_writes():
+    """Where SGLang moves them (``fill_front_out_cache_loc_func``): each request's first
+    ``accept_len`` window slots, where ``ddtree.compact_kv`` writes the kept rows."""
+    cache_locs = sglang_release.load("sglang.kernels.ops.speculative.cache_locs")
+    for seed, kind in enumerate(KINDS):
+        acc, out_cache_loc, size, n = kv_move_case(seed, kind)
+        targets = torch.zeros(size, dtype=torch.int64, device=DEVICE)
+        lens = acc.accept_len.to(torch.int32)
+        cache_locs.fill_front_out_cache_loc_func(lens, out_cache_loc, targets)
+        window = out_cache_loc.view(acc.batch_size, -1)
+        front = torch.cat([window[b, : int(lens[b])] for b in range(acc.batch_size)])
+        assert torch.equal(targets[:n], front)
+        assert not bool(targets[n:].any())
+
+
 def test_full_chain_through_sglang_build_when_no_slot_is_unused(spec_tree):
     """Proposal → SGLang's build → SGLang's verify: the path ddtree's accept takes."""
     shape = (4, 5, 60, 20, 5)

@@ -12,7 +12,8 @@
 3. Checkpoints: ``DIR/checkpoint/`` holds the weights and the optimizer's moments in shards of
    at most 15 MB (what one device call brings back) and ``state.json``; a later run with the
    same ``--out`` resumes there. ``DIR/drafter.safetensors`` holds the weights alone in bf16, with
-   their config, seed, data size and held-out acceptance.
+   their config, seed, data size and held-out acceptance, of the evaluated step with the best
+   held-out acceptance (a small drafter memorises its data: the last step is rarely best).
 
 The held-out estimate is chain acceptance: per anchor, 1 + the leading block positions whose
 argmax is the target's token.
@@ -43,6 +44,22 @@ TOPICS = (
     "a football match", "photosynthesis", "a city at night", "friendship", "the desert",
     "a chess game", "electricity", "a garden", "the stars", "a birthday", "mountains",
     "recycling", "a cat", "the wind", "a museum", "music", "a river",
+    "a thunderstorm", "coffee", "an old map", "the human heart", "a space station", "bicycles",
+    "a haunted house", "gravity", "a market day", "penguins", "the printing press", "a snowman",
+    "a detective", "magnets", "a pirate ship", "the rainforest", "a school play", "clouds",
+    "a time machine", "honey", "a violin", "earthquakes", "a farmer", "the Roman Empire",
+    "a kite", "vaccines", "a treehouse", "the solar system", "a baker's apprentice", "owls",
+    "a snow day", "bridges", "a secret garden", "the pyramids", "a marathon", "tea",
+    "a submarine", "autumn leaves", "a wizard", "batteries", "a circus", "coral reefs",
+    "a night train", "the alphabet", "a first job", "tigers", "a paper airplane", "glaciers",
+    "an inventor", "the water cycle", "a village fair", "robots in factories", "a quiet morning",
+    "sharks", "a spelling bee", "the telescope", "a camping trip", "chocolate", "a castle",
+    "wind turbines", "a postcard", "the brain", "a jazz band", "a lemon tree", "fireflies",
+    "a broken clock", "the Olympics", "a fox", "a bus stop", "mushrooms", "a school garden",
+    "satellites", "a rainy afternoon", "the Silk Road", "elephants", "a lighthouse storm",
+    "bread", "a robot chef", "the northern lights", "a spider", "a small boat", "maps",
+    "a violin maker", "deserts at night", "a windmill", "the first computer", "a puppy",
+    "a winter market", "sunflowers", "a sailor", "migration of birds", "a toy shop",
 )  # fmt: skip
 TEMPLATES = (
     "Tell me a short story about {t}.",
@@ -53,9 +70,19 @@ TEMPLATES = (
     "Give me three tips related to {t}, as a numbered list.",
     "Rewrite this sentence in a formal tone: I really like {t} a lot.",
     "Describe {t} in one paragraph.",
+    "Write a short dialogue between two friends about {t}.",
+    "What are the pros and cons of {t}? Answer briefly.",
+    "Summarize what you know about {t} in three bullet points.",
+    "Write a haiku about {t}.",
+    "Write a diary entry from the point of view of someone who loves {t}.",
+    "Ask me three quiz questions about {t}, with the answers.",
+    "Write a product description for a toy inspired by {t}.",
+    "Explain how {t} could be used in a science lesson.",
 )
 SUMS = tuple(f"What is {a} plus {b}? Show your steps." for a, b in
-             ((17, 25), (134, 78), (9, 99), (250, 375), (61, 39), (88, 12)))  # fmt: skip
+             ((17, 25), (134, 78), (9, 99), (250, 375), (61, 39), (88, 12), (345, 667),
+              (23, 58), (1200, 845), (77, 77), (406, 95), (13, 987), (560, 440), (31, 69),
+              (702, 298), (45, 55), (818, 181), (99, 1), (150, 275), (64, 36)))  # fmt: skip
 
 
 def prompts() -> list[str]:
@@ -297,23 +324,30 @@ def train(target, tok, args, log=print) -> dict:
         record["train_seconds"] = state.get("train_seconds", 0.0)
         log(f"resumed at step {trainer.step}")
     spent = record.get("train_seconds", 0.0)
+    best = record.get("best_held_out", 0.0)  # the weights file holds the best so far
     start = saved = time.perf_counter()
     while trainer.step < args.steps and time.perf_counter() - start < 60 * args.minutes:
         loss = trainer.train_step(data, args.batch, args.anchors, args.gamma)
+        now = spent + time.perf_counter() - start
         if time.perf_counter() - saved > 60 * args.save_minutes:  # a run cut short keeps it
-            now = spent + time.perf_counter() - start
             trainer.save(out / "checkpoint", {**record, "train_seconds": now})
             saved = time.perf_counter()
         if trainer.step % args.every == 0 or trainer.step == args.steps:
             tau = acceptance(w, cfg, embed, held, args.anchors, args.seed)
             log(f"step {trainer.step}/{args.steps}: loss {loss:.3f}, held-out acceptance "
                 f"{tau:.2f} ({time.perf_counter() - start:.0f} s)")  # fmt: skip
+            if tau > best:  # the drafter memorises: keep the step that generalised best
+                best = record["best_held_out"] = record["held_out_acceptance"] = tau
+                record["best_step"] = trainer.step
+                mark = {"train_seconds": now, "step": trainer.step}
+                save_weights(out / "drafter.safetensors", w, cfg, {**record, **mark})
     record["train_seconds"] = spent + time.perf_counter() - start
-    record["held_out_acceptance"] = acceptance(w, cfg, embed, held, args.anchors, 1234)
     record["step"] = trainer.step
     trainer.save(out / "checkpoint", record)
-    save_weights(out / "drafter.safetensors", w, cfg, record)
-    log(f"wrote {out / 'drafter.safetensors'}: {json.dumps(record)}")
+    if best == 0.0:  # no evaluation ran: the last weights
+        record["held_out_acceptance"] = acceptance(w, cfg, embed, held, args.anchors, 1234)
+        save_weights(out / "drafter.safetensors", w, cfg, record)
+    log(f"{out / 'drafter.safetensors'} holds the best held-out step; run: {json.dumps(record)}")
     return record
 
 
