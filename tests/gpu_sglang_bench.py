@@ -192,7 +192,7 @@ def kv_row(eagle, kv_mods, bs: int, q: int) -> dict:
         for _ in range(2 * LAYERS)
     ]
     theirs = [c.clone() for c in ours]
-    table = CacheTable(ours, torch.device("cuda"))
+    table = CacheTable(ours, ours[0].device)
     row_bytes = KV_HEADS * HEAD_DIM * 2
     ptrs = torch.tensor([c.data_ptr() for c in theirs], dtype=torch.uint64, device="cuda")
     strides = torch.full((len(theirs),), row_bytes, dtype=torch.int64, device="cuda")

@@ -53,7 +53,8 @@ def test_every_decoder_decodes_exactly_what_greedy_decodes(page_size):
     weights = model.load_weights(dtype=torch.float32)
     prompts = [tok.chat(p) for p in PROMPTS]
     assert len(prompts[0]) != len(prompts[1])  # ragged prefixes
-    a = demo_args(["--max-new-tokens", "12", "--budget", "15", "--page-size", str(page_size)])
+    a = demo_args(["--max-new-tokens", "12", "--budget", "15", "--page-size", str(page_size),
+                   "--drafter", "early-exit"])  # fmt: skip
     rows = cli.decode_all(weights, prompts, a, torch.device("cpu"))
     assert [(r["decoder"], r["budget"]) for r in rows] == [
         ("greedy", None), ("chain", 4), ("ddtree", 15), ("cpu-build", 15)]  # fmt: skip
@@ -215,7 +216,7 @@ def test_a_first_token_that_ends_the_turn_finishes_at_the_start():
         (["--draft-layers", "31"], "--draft-layers"),
         (["--bs", "2", "--prompt", "x"], "--bs"),
         (["--temperature", "-1"], "--temperature"),
-        (["--drafter", "dflash"], "--draft-weights"),
+        (["--drafter", "early-exit", "--draft-weights", "x.pt"], "--draft-weights"),
         (["--draft-weights", "x.pt"], "--draft-weights"),
         (["--drafter", "dflash", "--draft-weights", "/nonexistent.pt"], "--draft-weights"),
     ],
@@ -423,6 +424,41 @@ def test_stage_split_runs_from_each_marker_to_the_next():
     table = measure.kernel_table(named, rounds=2)
     assert [row["kernel"] for row in table] == ["prefill", "attn", "gemm"]
     assert table[1] == {"kernel": "attn", "calls_per_round": 1.0, "us_per_round": 16.0}
+
+
+def test_the_shipped_drafter_is_the_recorded_file():
+    """The weights in the package: their checksum (weights/README.md), ≤ 16 MB, and the
+    training record inside them."""
+    import hashlib
+
+    from ddtree.demo import safetensors_io
+
+    data = cli.SHIPPED_WEIGHTS.read_bytes()
+    assert hashlib.sha256(data).hexdigest() == cli.SHIPPED_SHA256
+    assert len(data) <= 16 * 2**20
+    readme = (cli.SHIPPED_WEIGHTS.parent / "README.md").read_text()
+    assert cli.SHIPPED_SHA256 in readme
+    meta = json.loads(safetensors_io.metadata(cli.SHIPPED_WEIGHTS)["ddtree"])
+    assert (meta["layers"], meta["block"], meta["taps"]) == (1, 8, [1, 8, 14, 20, 27])
+    assert (meta["seed"], meta["step"], meta["response_tokens"]) == (0, 1000, 530249)
+    assert f"**{meta['held_out_acceptance']:.2f}**" in readme
+
+
+@needs_model
+def test_the_default_demo_drafts_with_the_shipped_drafter_losslessly(capsys):
+    """`python -m ddtree demo` as a user runs it (CPU, fp32): the shipped DFlash drafter,
+    every decoder's tokens equal greedy's, and DDTree commits well over one token a round."""
+    from ddtree.__main__ import main
+
+    assert main(["demo", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["depth"] == 8 and out["dtype"] == "float32"
+    greedy = out["decoders"][0]
+    assert greedy["decoder"] == "greedy" and len(greedy["ids"]) == 3
+    for d in out["decoders"]:
+        assert d["ids"] == greedy["ids"], d["decoder"]
+    ddtree_row = next(d for d in out["decoders"] if d["decoder"] == "ddtree")
+    assert ddtree_row["accepted"] >= 1.5
 
 
 @needs_model

@@ -10,10 +10,11 @@ decoders over one batch of chat prompts, in one engine, and compare them:
 
 On CUDA every decode round is a replayed CUDA graph and the host queues rounds without
 reading the device; tokens/s counts the generated tokens over the decode (prefill left
-out). The drafter is an early-exit one (the target's own first 24 of 30 layers), which
-costs most of a round: it shows where a round's time goes, it cannot make DDTree beat
-greedy. In float32 (the CPU default) every decoder produces greedy's tokens; in bfloat16
-they can part at near-ties, which the report names with greedy's top-1 minus top-2 logit.
+out). The drafter is the shipped one-layer DFlash drafter (``weights/``, trained with
+``python -m ddtree.demo.train_drafter``); ``--drafter early-exit`` drafts with the target's
+own first 24 of 30 layers instead, which costs most of a round. In float32 (the CPU default)
+every decoder produces greedy's tokens; in bfloat16 they can part at near-ties, which the
+report names with greedy's top-1 minus top-2 logit.
 """
 
 from __future__ import annotations
@@ -22,10 +23,15 @@ import argparse
 import functools
 import json
 import os
+import pathlib
 import sys
 import time
 
 import torch
+
+# The demo's DFlash drafter (weights/README.md: how it was trained, what it accepts).
+SHIPPED_WEIGHTS = pathlib.Path(__file__).parent / "weights" / "dflash-smollm2-135m.safetensors"
+SHIPPED_SHA256 = "a1aba819344dc62e0d0b6f2c4200299a30dd8d710a158c4025841e9e0ee12aa9"
 
 PROMPTS = (
     "What is the capital of France?",
@@ -80,12 +86,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(default: 15 on the CPU, 15,63,255 on CUDA)")  # fmt: skip
     p.add_argument("--decoders", type=names, default=DECODERS, help="which decoders, "
                    f"comma-separated (default: {','.join(DECODERS)})")  # fmt: skip
-    p.add_argument("--depth", type=int, default=4, help="draft depth L (default: 4)")
-    p.add_argument("--drafter", choices=["early-exit", "dflash"], default="early-exit",
-                   help="default: early-exit; dflash reads --draft-weights")  # fmt: skip
+    p.add_argument("--depth", type=int, default=4,
+                   help="draft depth L of the early-exit drafter (default: 4)")  # fmt: skip
+    p.add_argument("--drafter", choices=["dflash", "early-exit"], default="dflash",
+                   help="default: dflash (the shipped weights, or --draft-weights)")  # fmt: skip
     p.add_argument("--draft-weights", metavar="FILE", help="a DFlash drafter's weights, as "
-                   "python -m ddtree.demo.train_drafter writes them (drafter.safetensors); "
-                   "its block size sets --depth")  # fmt: skip
+                   "python -m ddtree.demo.train_drafter writes them (drafter.safetensors; "
+                   "default: the shipped ones); its block size sets --depth")  # fmt: skip
     p.add_argument("--draft-layers", type=int, default=24,
                    help="layers of the early-exit drafter, of 30 (default: 24)")  # fmt: skip
     p.add_argument("--page-size", type=int, default=16, help="KV pool page size (default: 16)")
@@ -127,10 +134,10 @@ def check_args(args) -> str | None:
         if not ok:
             value = getattr(args, flag[2:].replace("-", "_"))
             return f"{flag}: {why}, got {value if not isinstance(value, tuple) else value}"
-    if args.drafter == "dflash" and not args.draft_weights:
-        return "--draft-weights: --drafter dflash needs the drafter's weights file"
     if args.draft_weights and args.drafter != "dflash":
-        return "--draft-weights: given without --drafter dflash"
+        return "--draft-weights: given with --drafter early-exit"
+    if args.drafter == "dflash" and not args.draft_weights:
+        args.draft_weights = str(SHIPPED_WEIGHTS)
     if args.draft_weights and not os.path.isfile(args.draft_weights):
         return f"--draft-weights: no such file {args.draft_weights!r}"
     if args.temperature > 0 and "cpu-build" in args.decoders:
@@ -342,6 +349,14 @@ CUDA_NOTE = (
 )
 
 
+DRAFTER_NOTE = {
+    "dflash": " The drafter: a one-layer DFlash block drafter (its file, training and "
+    "acceptance: python/ddtree/demo/weights/README.md); the H200 numbers are in BENCHMARKS.md.",
+    "early-exit": " The early-exit drafter costs most of a round, so DDTree with it cannot "
+    "beat greedy; the H200 numbers are in BENCHMARKS.md.",
+}
+
+
 def report(tok, prompts, rows, args, device, dtype) -> None:
     doc = as_json([], prompts, rows, args, device, dtype)
     greedy = greedy_row(rows)
@@ -357,8 +372,7 @@ def report(tok, prompts, rows, args, device, dtype) -> None:
         "tokens committed per round (the bonus included)."
         + (CUDA_NOTE if device.type == "cuda" else " --device cuda adds GPU idle and "
            "each round's split.")
-        + " The early-exit drafter costs most of a round, so DDTree with it cannot beat "
-        "greedy; the H200 numbers are in BENCHMARKS.md."
+        + DRAFTER_NOTE[args.drafter]
     )  # fmt: skip
     report_kernels(doc)
     if args.temperature <= 0 and greedy is not None:
