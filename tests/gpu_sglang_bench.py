@@ -285,48 +285,53 @@ def time_us(fn) -> float:
         return -eager_time_us(fn, REPLAYS)
 
 
+def markdown(head: list, rows: list) -> None:
+    """One markdown table: a header, its rule, a line per row (cells already formatted)."""
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for cells in rows:
+        print("| " + " | ".join(cells) + " |")
+    print()
+
+
+def build_cells(r: dict) -> list:
+    theirs = r["uno_build"] + r["sglang_verify_inputs"] + r["sglang_accept_greedy"]
+    theirs += r["sglang_kept_slots"]
+    ours = r["ddtree_build"] + r["ddtree_accept_greedy"] + r["ddtree_kept_slots"]
+    timed = ("sglang_verify_inputs", "ddtree_full_mask", "sglang_accept_greedy",
+             "ddtree_accept_greedy", "ddtree_accept_sampled", "sglang_kept_slots",
+             "ddtree_kept_slots")  # fmt: skip
+    return [
+        str(r["bs"]), f"{r['q']}, {r['k']}", f"{r['same_tree']}/{r['bs']}",
+        f"{r['uno_build']:.1f} ({r['uno_topk']:.1f})", f"{r['ddtree_build']:.1f}",
+        *(f"{r[k]:.1f}" for k in timed), f"{theirs:.1f}", f"{ours:.1f}", f"{theirs / ours:.2f}×",
+    ]  # fmt: skip
+
+
 def print_tables(builds: list, attentions: list, kvs: list) -> None:
-    head = (
-        "| bs | Q, K | same tree | UNO build (top-k) | ddtree build | SGLang verify inputs "
-        "| ddtree FULL mask | SGLang greedy accept | ddtree greedy | ddtree sampled "
-        "| SGLang kept slots | ddtree kept slots | SGLang sum | ddtree sum | ratio |"
-    )
-    print(head)
-    print("|" + "---|" * 15)
-    for r in builds:
-        theirs = r["uno_build"] + r["sglang_verify_inputs"] + r["sglang_accept_greedy"]
-        theirs += r["sglang_kept_slots"]
-        ours = r["ddtree_build"] + r["ddtree_accept_greedy"] + r["ddtree_kept_slots"]
-        print(
-            f"| {r['bs']} | {r['q']}, {r['k']} | {r['same_tree']}/{r['bs']} "
-            f"| {r['uno_build']:.1f} ({r['uno_topk']:.1f}) | {r['ddtree_build']:.1f} "
-            f"| {r['sglang_verify_inputs']:.1f} | {r['ddtree_full_mask']:.1f} "
-            f"| {r['sglang_accept_greedy']:.1f} | {r['ddtree_accept_greedy']:.1f} "
-            f"| {r['ddtree_accept_sampled']:.1f} | {r['sglang_kept_slots']:.1f} "
-            f"| {r['ddtree_kept_slots']:.1f} | {theirs:.1f} | {ours:.1f} | {theirs / ours:.2f}× |"
-        )
-    print()
-    print("| attention | bs | Q | prefix | SGLang Triton extend (µs) | ddtree (µs) | ratio "
-          "| max abs diff |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
-    for r in attentions:
-        ratio = r["sglang_extend_attention"] / r["ddtree_tree_attention"]
-        print(
-            f"| {r['family']} | {r['bs']} | {r['q']} | {r['prefix']} "
-            f"| {r['sglang_extend_attention']:.1f} | {r['ddtree_tree_attention']:.1f} "
-            f"| {ratio:.2f}× | {r['max_abs_diff']:.3g} |"
-        )
-    print()
-    print("| KV compaction (64 buffers) | bs | Q | mean accept_len | rows | SGLang move (µs) "
-          "| ddtree compact_kv (µs) | ratio | same caches |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|")
-    for r in kvs:
-        ratio = r["sglang_kv_move"] / r["ddtree_compact_kv"]
-        print(
-            f"| {LAYERS} layers K+V, {KV_HEADS}×{HEAD_DIM} bf16 | {r['bs']} | {r['q']} "
-            f"| {r['mean_accept_len']:.2f} | {r['rows_moved']} | {r['sglang_kv_move']:.1f} "
-            f"| {r['ddtree_compact_kv']:.1f} | {ratio:.2f}× | {r['kv_agrees']} |"
-        )
+    markdown(
+        ["bs", "Q, K", "same tree", "UNO build (top-k)", "ddtree build", "SGLang verify inputs",
+         "ddtree FULL mask", "SGLang greedy accept", "ddtree greedy", "ddtree sampled",
+         "SGLang kept slots", "ddtree kept slots", "SGLang sum", "ddtree sum", "ratio"],
+        [build_cells(r) for r in builds],
+    )  # fmt: skip
+    markdown(
+        ["attention", "bs", "Q", "prefix", "SGLang Triton extend (µs)", "ddtree (µs)", "ratio",
+         "max abs diff"],
+        [[r["family"], str(r["bs"]), str(r["q"]), str(r["prefix"]),
+          f"{r['sglang_extend_attention']:.1f}", f"{r['ddtree_tree_attention']:.1f}",
+          f"{r['sglang_extend_attention'] / r['ddtree_tree_attention']:.2f}×",
+          f"{r['max_abs_diff']:.3g}"] for r in attentions],
+    )  # fmt: skip
+    markdown(
+        ["KV compaction (64 buffers)", "bs", "Q", "mean accept_len", "rows",
+         "SGLang move (µs)", "ddtree compact_kv (µs)", "ratio", "same caches"],
+        [[f"{LAYERS} layers K+V, {KV_HEADS}×{HEAD_DIM} bf16", str(r["bs"]), str(r["q"]),
+          f"{r['mean_accept_len']:.2f}", str(r["rows_moved"]), f"{r['sglang_kv_move']:.1f}",
+          f"{r['ddtree_compact_kv']:.1f}",
+          f"{r['sglang_kv_move'] / r['ddtree_compact_kv']:.2f}×", str(r["kv_agrees"])]
+         for r in kvs],
+    )  # fmt: skip
 
 
 def main() -> None:
