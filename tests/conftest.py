@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
+
+# Without a GPU, SGLang's Triton kernels (tests/sglang_release.py) run in Triton's
+# interpreter; the switch must be on before anything imports triton.language, whose own
+# @jit helpers (tl.sum, …) are decorated then. Nothing else here uses Triton.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 KINDS = ("gaussian", "peaked", "quantised", "all_equal", "masked")
 

@@ -143,6 +143,12 @@ def load(module: str):
     if root not in sys.path:
         sys.path.insert(0, root)
     if not torch.cuda.is_available():
+        interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+        if "triton.language" in sys.modules and not interpreted:
+            raise RuntimeError(
+                "triton.language was imported before TRITON_INTERPRET=1 was set "
+                "(tests/conftest.py sets it first when there is no GPU)"
+            )
         os.environ["TRITON_INTERPRET"] = "1"
     return importlib.import_module(module)
 
