@@ -83,7 +83,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, help="tokens per prompt (default: 16 on the "
                    "CPU, 128 on CUDA)")  # fmt: skip
     p.add_argument("--budget", type=ints, help="DDTree node budgets B, comma-separated "
-                   "(default: 15 on the CPU, 15,63,255 on CUDA)")  # fmt: skip
+                   "(default: 7 on the CPU, 15,63,255 on CUDA)")  # fmt: skip
     p.add_argument("--decoders", type=names, default=DECODERS, help="which decoders, "
                    f"comma-separated (default: {','.join(DECODERS)})")  # fmt: skip
     p.add_argument("--depth", type=int, default=4,
@@ -115,7 +115,9 @@ def check_args(args) -> str | None:
     if args.max_new_tokens is None:
         args.max_new_tokens = 128 if cuda else 16
     if args.budget is None:
-        args.budget = (15, 63, 255) if cuda else (15,)
+        # On two CPU cores a verify token costs a fair share of a forward, so a small tree
+        # pays best (BENCHMARKS.md, session 14: B = 7 1.27× greedy, B = 15 1.04×).
+        args.budget = (15, 63, 255) if cuda else (7,)
     if args.prompt and args.bs is not None:
         return "--bs: give either --prompt or --bs, not both"
     checks = [
