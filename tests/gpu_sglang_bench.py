@@ -10,8 +10,9 @@ logits ``[bs, L=15, V=151936]`` bf16, K = 8 candidates per depth (16 at Q = 128)
 top-k (flashinfer is not installed on the GPU machine; UNO's top-k alone is timed too), its
 Triton ``build_tree_kernel_efficient`` (the CUDA JIT kernel needs tvm-ffi and nvcc at run
 time), argmax + its Triton greedy verify, its Triton extend attention with the FULL custom
-mask, and its kept-slot kernel (``fill_accept_out_cache_loc``; the KV rows' move itself,
-``move_kv_cache`` in its memory pool, is not loaded: that module needs the serving stack).
+mask, its kept-slot kernel (``fill_accept_out_cache_loc``), and its KV move after the
+walk (the slot kernels and the pool's all-layer row copy, ``copy_all_layer_kv_cache``, tiled
+as ``MHATokenToKVPool`` tiles it: that class's module needs the serving stack).
 """
 
 from __future__ import annotations

@@ -141,11 +141,13 @@ def uno_proposal(
         root_tokens, draft_logits, max_nodes, candidate_top_k, temperature
     )
     bs, depth, _ = x.shape
+    tree = None
+    if q > 1:  # first: the build's own checks (the GPU's depth limit) run before any launch
+        tree = build_tree(x, roots, zero_prefix(workspace, bs, x.device), budget=q - 1, topk=k)
     parents_out = torch.full((bs, parent_width(depth, k)), -1, dtype=torch.int64, device=x.device)
-    if q == 1:
+    if tree is None:
         empty = torch.empty((bs, 0), dtype=torch.int64, device=x.device)
         return UnoProposal(root_tokens, empty, parents_out, empty, k, depth)
-    tree = build_tree(x, roots, zero_prefix(workspace, bs, x.device), budget=q - 1, topk=k)
     edges = node_edges(tree, k)
     used = min(q - 2, parents_out.shape[1] - 1)  # the last node is never a parent
     parents_out[:, 1 : used + 1] = edges[:, :used]

@@ -5,8 +5,8 @@ decoders over one batch of chat prompts, in one engine, and compare them:
   chain      chain speculation (one draft per depth, B = L)
   ddtree     DDTree: ddtree's GPU tree build (Stepper.step), tree-attention verify,
              Stepper.accept and compact_kv, the whole round one CUDA graph
-  cpu-build  the same DDTree round with the tree built on the host, as SGLang's DFlash
-             worker builds it today
+  cpu-build  the same DDTree round with the tree built on the host, as SGLang's DDTree
+             port (sgl-project/sglang#29907) builds it
 
 On CUDA every decode round is a replayed CUDA graph and the host queues rounds without
 reading the device; tokens/s counts the generated tokens over the decode (prefill left

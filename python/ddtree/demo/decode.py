@@ -4,9 +4,9 @@
 * ``chain`` — chain speculation: a ``Stepper`` with one candidate per depth (B = L);
 * ``ddtree`` — ``Stepper.step`` -> verify with tree attention -> ``Stepper.accept`` ->
   ``compact_kv``, the round's committed tokens appended on the device;
-* ``cpu-build`` — the DDTree round with the tree built on the host the way SGLang's DFlash
-  worker builds it today (top-K on the GPU, copy to host, a Python heap per request, the
-  mask in numpy, copy back): the baseline the project exists to remove.
+* ``cpu-build`` — the DDTree round with the tree built on the host the way SGLang's DDTree
+  port (sgl-project/sglang#29907) builds it (top-K on the GPU, copy to host, a Python heap
+  per request, the mask in numpy, copy back): the baseline the project exists to remove.
 
 On CUDA each decoder's round (cpu-build: its draft, and its verify + accept + commit) is
 captured once as a CUDA graph and replayed; the next round's inputs come from the last
