@@ -186,3 +186,21 @@ def test_an_attention_workspace_is_for_cuda_devices(device):
 def test_a_cuda_attention_workspace_without_cuda_says_so():
     with pytest.raises(ValueError, match="device: .* none is available here"):
         ddtree.AttentionWorkspace("cuda", max_batch=2, q_nodes=9, hq=4, hkv=1, dqk=64, dv=64)
+
+
+def test_a_tree_where_an_acceptance_belongs_is_a_type_error_naming_acc():
+    """The commit functions take the Acceptance; given the Tree (an easy slip), each says so
+    instead of failing on a missing attribute."""
+    tree = build(*args())
+    window = torch.arange(2 * 9, dtype=I64).view(2, 9)
+    calls = [
+        lambda: ddtree.kept_slots(tree, window),
+        lambda: ddtree.compact_kv(tree, window, [torch.zeros(18, 4)]),
+        lambda: ddtree.gather_hidden(tree, torch.zeros(18, 4)),
+    ]
+    for call in calls:
+        with pytest.raises(TypeError, match="^acc: expected a ddtree.Acceptance, got Tree"):
+            call()
+    acc = ddtree.accept_tree(tree, torch.randn(2, 9, 10))
+    with pytest.raises(TypeError, match="^tree: expected a ddtree.Tree, got Acceptance"):
+        ddtree.accept_tree(acc, torch.randn(2, 9, 10))

@@ -41,7 +41,15 @@ def _record(acc: Acceptance, codes: torch.Tensor) -> None:
     acc.status.copy_(torch.where(acc.status == 0, codes, acc.status))
 
 
+def acceptance(acc) -> Acceptance:
+    """``acc`` must be an Acceptance (a Tree, say, would fail later with an AttributeError)."""
+    if not isinstance(acc, Acceptance):
+        raise TypeError(f"acc: expected a ddtree.Acceptance, got {type(acc).__name__}")
+    return acc
+
+
 def window(acc: Acceptance, out_cache_loc) -> torch.Tensor:
+    acceptance(acc)
     if not isinstance(out_cache_loc, torch.Tensor):
         raise TypeError(
             f"out_cache_loc: expected a torch.Tensor, got {type(out_cache_loc).__name__}"
@@ -185,6 +193,7 @@ def gather_hidden(acc: Acceptance, hidden, *, out=None) -> torch.Tensor:
     """Rows ``b*Q + node`` of ``hidden`` ``[bs*Q, H...]`` for each accepted node, in path
     order, into ``out`` ``[bs, L+1, H...]`` (zeros past each path). A request with a node
     outside ``[0, Q)`` keeps its ``out`` rows and gets a code in ``acc.status``."""
+    acceptance(acc)
     if not isinstance(hidden, torch.Tensor):
         raise TypeError(f"hidden: expected a torch.Tensor, got {type(hidden).__name__}")
     if hidden.dim() < 2:
