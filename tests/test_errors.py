@@ -204,3 +204,15 @@ def test_a_tree_where_an_acceptance_belongs_is_a_type_error_naming_acc():
     acc = ddtree.accept_tree(tree, torch.randn(2, 9, 10))
     with pytest.raises(TypeError, match="^tree: expected a ddtree.Tree, got Acceptance"):
         ddtree.accept_tree(acc, torch.randn(2, 9, 10))
+
+
+def test_stepper_gather_hidden_wants_bs_times_q_rows():
+    """The Stepper knows Q: hidden rows for another Q are refused naming hidden (the
+    functional gather_hidden, which an Acceptance gives no Q, reads Q off the rows)."""
+    st = ddtree.Stepper(max_batch=2, budget=4, depth=3, vocab=10, device="cpu")
+    tree = st.step(*args())
+    st.accept(torch.randn(2, tree.width, 10))
+    for rows in (8, 12):
+        with pytest.raises(ValueError, match=r"^hidden: must have bs·Q = 10 rows"):
+            st.gather_hidden(torch.zeros(rows, 4), None)
+    assert st.gather_hidden(torch.zeros(10, 4), None).shape == (2, 4, 4)

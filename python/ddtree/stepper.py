@@ -336,6 +336,18 @@ class Stepper:
         if shape is not None and len(shape) == 2 and shape[1] != q:
             raise ValueError(f"out_cache_loc: must be [bs, {q}] (Q of the tree), got {list(shape)}")
 
+    def _check_hidden(self, hidden, bs: int) -> None:
+        """The verify forward's hidden rows must be bs·Q of the last step's tree (the
+        functional gather_hidden, which knows no Q, takes it from the rows)."""
+        rows = self._tree.width * bs
+        shape = getattr(hidden, "shape", None)
+        # Only what the shared checks let through (a whole number of rows per request, at
+        # least 2-D): theirs name the other problems, with the functional API's messages.
+        if shape is not None and len(shape) >= 2 and shape[0] % bs == 0 and shape[0] != rows:
+            raise ValueError(
+                f"hidden: must have bs·Q = {rows} rows (Q of the tree), got {list(shape)}"
+            )
+
     def register_caches(self, caches) -> None:
         """The paged KV caches ``compact_kv`` moves rows in (each ``[slots, ...]``, rows
         contiguous and of one size): their device address table is built once, here."""
@@ -364,6 +376,7 @@ class Stepper:
         """The accepted nodes' hidden rows ``[bs*Q, H]`` → ``out`` ``[bs, L+1, H]`` in path
         order (zeros past each path); ``accept_len`` counts the real rows."""
         acc = self._last_acceptance("gather_hidden")
+        self._check_hidden(hidden, acc.batch_size)
         if self._cuda and out is not None:  # the engine checks and launches
             self._engine.gather_hidden(hidden, out, readback)
             return out
