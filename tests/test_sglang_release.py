@@ -311,3 +311,26 @@ def test_uno_proposal_single_node_and_depth_one():
     p = ds.uno_proposal(roots, x, max_nodes=4, candidate_top_k=3)
     assert p.top_scores_index.tolist() == [[0, 1, 2], [0, 1, 2]]
     assert torch.equal(p.draft_tokens, torch.topk(x[:, 0], 3).indices)
+
+
+@pytest.mark.parametrize("budget, topk", [(11, None), (2, None), (6, 1)])
+def test_eagle_verify_result_compacts_the_path_to_the_front_as_sglang_does(budget, topk):
+    """``next_token_ids``: each request's path entries of ``predict`` moved to the front of
+    its Q slots (padding entries read global slot 0, as ``_compact_accept_to_front``'s clamp
+    does), the rest as they were; for a chain (K = 1) SGLang skips the move. Q below L + 1
+    (budget 2, depth 4) keeps the move inside the Q slots."""
+    x = draft_logits(np.random.default_rng(3), (3, 4, 30), "gaussian").to(DEVICE)
+    seq_lens = torch.tensor([4, 0, 9], device=DEVICE)
+    tree = ddtree.build_tree(x, torch.tensor([1, 2, 3], device=DEVICE), seq_lens,
+                             budget=budget, topk=topk)  # fmt: skip
+    acc = ddtree.accept_tree(tree, target_logits(0, tree, 30))
+    r = ds.eagle_verify_result(acc, tree, seq_lens)
+    bs, q = tree.verify_ids.shape
+    want = r["predict"].clone()
+    if tree.topk_ids.shape[2] > 1:
+        width = min(acc.path_len, q)
+        index = r["accept_index"][:, :width].long().clamp(min=0)
+        want.view(bs, q)[:, :width] = r["predict"][index.reshape(-1)].view(bs, width)
+    assert torch.equal(r["next_token_ids"], want)
+    assert torch.equal(r["new_seq_lens"], seq_lens + acc.accept_len)
+    assert torch.equal(r["bonus_tokens"], acc.bonus.to(torch.int32))
