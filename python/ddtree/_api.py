@@ -7,7 +7,7 @@ import numbers
 import torch
 
 from . import _buffers, _cpu, _cuda, _sampling, _validate
-from ._types import Acceptance, Tree
+from ._types import Acceptance, Tree, checked
 
 
 def build_tree(draft_logits, root_tokens, prefix_lens, *, budget, topk=None) -> Tree:
@@ -53,8 +53,7 @@ def accept_tree(
     tree: Tree, target_logits, *, temperature=None, top_k=None, top_p=None, generator=None
 ) -> Acceptance:
     """SPEC stage 4: walk ``tree`` along the posterior tokens of ``target_logits``."""
-    if not isinstance(tree, Tree):
-        raise TypeError(f"tree: expected a ddtree.Tree, got {type(tree).__name__}")
+    checked("tree", tree, Tree)
     acc = _buffers.new_acceptance(tree.batch_size, tree.depth, tree.device)
     accept_into(tree, target_logits, acc, temperature, top_k, top_p, generator)
     return acc

@@ -15,7 +15,7 @@ import math
 import torch
 
 from . import _core, _validate
-from ._types import Tree
+from ._types import Tree, checked
 
 ATTN_DTYPES = (torch.bfloat16, torch.float16)
 CPU_DTYPES = (*ATTN_DTYPES, torch.float32)  # fp32 on the CPU: the demo's lossless decoding
@@ -121,8 +121,7 @@ def _check(given: dict) -> dict:
     )
     sm_scale, page_size, status = given["sm_scale"], given["page_size"], given["status"]
     out, return_lse, lse_out = given["out"], given["return_lse"], given["lse_out"]
-    if not isinstance(tree, Tree):
-        raise TypeError(f"tree: expected a ddtree.Tree, got {type(tree).__name__}")
+    checked("tree", tree, Tree)
     names = ("q", "k_new", "v_new", "k_cache", "v_cache")
     ts = [_tensor(n, t) for n, t in zip(names, (q, k_new, v_new, k_cache, v_cache), strict=True)]
     for n, t in zip(names, ts, strict=True):

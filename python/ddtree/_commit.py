@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from . import _core, _cuda
-from ._types import Acceptance
+from ._types import Acceptance, checked
 
 # The codes of ddtree-core's status module (ddtree.STATUS_*).
 NODE_OUT_OF_RANGE = _core.STATUS_NODE_OUT_OF_RANGE
@@ -41,15 +41,8 @@ def _record(acc: Acceptance, codes: torch.Tensor) -> None:
     acc.status.copy_(torch.where(acc.status == 0, codes, acc.status))
 
 
-def acceptance(acc) -> Acceptance:
-    """``acc`` must be an Acceptance (a Tree, say, would fail later with an AttributeError)."""
-    if not isinstance(acc, Acceptance):
-        raise TypeError(f"acc: expected a ddtree.Acceptance, got {type(acc).__name__}")
-    return acc
-
-
 def window(acc: Acceptance, out_cache_loc) -> torch.Tensor:
-    acceptance(acc)
+    checked("acc", acc, Acceptance)
     if not isinstance(out_cache_loc, torch.Tensor):
         raise TypeError(
             f"out_cache_loc: expected a torch.Tensor, got {type(out_cache_loc).__name__}"
@@ -193,7 +186,7 @@ def gather_hidden(acc: Acceptance, hidden, *, out=None) -> torch.Tensor:
     """Rows ``b*Q + node`` of ``hidden`` ``[bs*Q, H...]`` for each accepted node, in path
     order, into ``out`` ``[bs, L+1, H...]`` (zeros past each path). A request with a node
     outside ``[0, Q)`` keeps its ``out`` rows and gets a code in ``acc.status``."""
-    acceptance(acc)
+    checked("acc", acc, Acceptance)
     if not isinstance(hidden, torch.Tensor):
         raise TypeError(f"hidden: expected a torch.Tensor, got {type(hidden).__name__}")
     if hidden.dim() < 2:

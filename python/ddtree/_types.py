@@ -111,3 +111,11 @@ class Acceptance:
     @property
     def device(self) -> torch.device:
         return self.accepted_nodes.device
+
+
+def checked(name: str, x, cls):
+    """``x`` if it is a ``cls`` (``Tree`` or ``Acceptance``), else a TypeError naming the
+    argument: passing one where the other belongs would fail later on a missing field."""
+    if not isinstance(x, cls):
+        raise TypeError(f"{name}: expected a ddtree.{cls.__name__}, got {type(x).__name__}")
+    return x

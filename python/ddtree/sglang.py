@@ -71,7 +71,7 @@ import torch
 
 from ._commit import kept_slots
 from ._sglang_uno import UnoProposal, uno_proposal
-from ._types import Acceptance, Tree
+from ._types import Acceptance, Tree, checked
 
 __all__ = [
     "UnoProposal",
@@ -82,18 +82,6 @@ __all__ = [
     "verify_input",
     "verify_output",
 ]
-
-
-def _check_tree(tree) -> Tree:
-    if not isinstance(tree, Tree):
-        raise TypeError(f"tree: expected a ddtree.Tree, got {type(tree).__name__}")
-    return tree
-
-
-def _check_acc(acc) -> Acceptance:
-    if not isinstance(acc, Acceptance):
-        raise TypeError(f"acc: expected a ddtree.Acceptance, got {type(acc).__name__}")
-    return acc
 
 
 def retrive_index(bs: int, q: int, device) -> torch.Tensor:
@@ -148,7 +136,7 @@ def verify_input(
     ``capture_hidden_mode`` (``CaptureHiddenMode.FULL``) and ``seq_lens_cpu`` are SGLang
     objects the caller already holds; they are not produced here.
     """
-    tree = _check_tree(tree)
+    tree = checked("tree", tree, Tree)
     bs, q = tree.batch_size, tree.width
     dev = tree.device
     out = custom_mask_out
@@ -208,8 +196,8 @@ def verify_output(acc: Acceptance, tree: Tree) -> dict:
     ``verified_id[verified_id != -1]`` (data-dependent sizes: on CUDA those indexings sync,
     in SGLang as here). Nothing in this function reads a value on the host.
     """
-    acc = _check_acc(acc)
-    tree = _check_tree(tree)
+    acc = checked("acc", acc, Acceptance)
+    tree = checked("tree", tree, Tree)
     bs, path_len, q = acc.batch_size, acc.path_len, tree.width
     if tree.batch_size != bs or tree.device != acc.device:
         raise ValueError(
@@ -251,7 +239,7 @@ def kv_keep_free(acc: Acceptance, out_cache_loc: torch.Tensor):
     path or slots are out of range keeps nothing, frees nothing and gets a code in
     ``acc.status`` (see ``ddtree.kept_slots``).
     """
-    acc = _check_acc(acc)
+    acc = checked("acc", acc, Acceptance)
     if not isinstance(out_cache_loc, torch.Tensor):
         raise TypeError(
             f"out_cache_loc: expected a torch.Tensor, got {type(out_cache_loc).__name__}"
