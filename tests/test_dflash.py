@@ -230,6 +230,8 @@ def test_the_training_job_runs_resumes_and_writes_its_record(tmp_path):
     args.steps = 5
     again = td.train(target, tok, args, log=lines.append)
     assert "resumed at step 3" in lines and again["step"] == 5
+    # The resumed run starts from the first run's best, not from scratch.
+    assert again["best_held_out"] >= record["best_held_out"]
     _, cfg, meta = td.load_weights(tmp_path / "drafter.safetensors", target.config)
     assert cfg.block == 4 and meta["step"] == again["best_step"] <= 5
     assert meta["held_out_acceptance"] == again["held_out_acceptance"] == again["best_held_out"]

@@ -4,7 +4,8 @@
 
 1. Data: chat prompts built here (stories, explanations, lists, code, arithmetic, rewriting;
    every tenth held out), the target's own responses to them (greedy, and sampled at
-   temperature 0.8 for half of them) decoded by the demo engine, then each whole sequence's
+   temperature 0.8 for half of them; with ``--samples N``, one greedy and N − 1 sampled
+   responses per training prompt) decoded by the demo engine, then each whole sequence's
    tapped hidden states from one prefill. No download; a fixed seed gives the same data.
 2. Training (DFlash's recipe): random anchor positions per sequence, the block after each
    anchor predicted at once, cross-entropy weighted by exp(-i / gamma) over block position
@@ -321,7 +322,11 @@ def train(target, tok, args, log=print) -> dict:
               "samples": args.samples}  # fmt: skip
     if (out / "checkpoint" / "state.json").exists():
         state = trainer.load(out / "checkpoint")
-        record["train_seconds"] = state.get("train_seconds", 0.0)
+        # The time spent, and which step the weights file holds (a resumed run replaces it
+        # only with a better one).
+        for key in ("train_seconds", "best_held_out", "held_out_acceptance", "best_step"):
+            if key in state:
+                record[key] = state[key]
         log(f"resumed at step {trainer.step}")
     spent = record.get("train_seconds", 0.0)
     best = record.get("best_held_out", 0.0)  # the weights file holds the best so far
