@@ -27,6 +27,7 @@ import ddtree
 import ddtree.sglang as ds
 from ddtree import _attention
 from ddtree._commit import CacheTable
+from ddtree._sglang_uno import parent_width
 from ddtree.bench_attention import inputs as attention_inputs
 from ddtree.bench_gpu import eager_time_us, graph_time_us
 
@@ -67,7 +68,7 @@ def same_trees(uno_p, ours) -> int:
 
 def candidates(q: int) -> int:
     """K: 8, or 16 where EAGLE's parent_list (K·(L−1)+1 wide) needs it (Q = 128)."""
-    return 8 if q - 1 <= 8 * (DEPTH - 1) + 1 else 16
+    return 8 if q - 1 <= parent_width(DEPTH, 8) else 16
 
 
 def build_row(mods, bs: int, q: int) -> dict:
