@@ -125,10 +125,10 @@ def uno_proposal(
     ``[bs]``, ``draft_logits`` ``[bs, L, V]`` (row d − 1 is depth d), ``max_nodes`` = Q (root
     included), ``candidate_top_k`` = K. The tree is SPEC's: budget Q − 1, top-k cap K, every
     tie broken by token id; the CPU and GPU paths give the same tree (SPEC's one-ulp allowance
-    on the normaliser aside). ``temperature`` is checked as UNO
-    checks it but not applied: the tree is built from the logits as given (divide them first
-    to build from tempered distributions); a proposal's ranking changes only how many tokens
-    are accepted, never which. ``workspace`` holds the zero prefix lengths between calls.
+    on the normaliser aside). ``temperature`` is checked as UNO checks it but not applied:
+    the tree is built from the logits as given (divide them first to build from tempered
+    distributions); a proposal's ranking changes only how many tokens are accepted, never
+    which. ``workspace`` holds the zero prefix lengths between calls.
 
     Where a row has fewer than Q − 1 rank paths (tokens masked with −inf), or gets a
     root-only tree (NaN or +inf logits: ``tree.status`` nonzero), the unused slots are
