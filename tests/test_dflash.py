@@ -131,29 +131,54 @@ def test_ddtree_and_the_cpu_build_with_the_drafter_decode_what_greedy_decodes(bu
 # ---------------------------------------------------------------------------------------------
 
 
-def tiny_data(target, cfg, n=6):
+def tiny_data(target, cfg, n=6, samples=2):
+    from ddtree.demo import datagen
     from ddtree.demo import train_drafter as td
 
     g = torch.Generator().manual_seed(11)
     ids = [torch.randint(2, 97, (int(k),), generator=g).tolist() for k in range(5, 5 + n)]
-    return td.generate(target, ids, cfg, max_new=10, device="cpu", bs=4, seed=0)
+    return td.generate(target, ids, cfg, max_new=10, device="cpu", bs=4, seed=0,
+                       samples=samples, policy=datagen.Policy(0.5, 1.0))  # fmt: skip
 
 
-def test_generated_data_is_the_targets_own_continuations_and_hidden_states():
+def test_generated_data_is_the_targets_own_continuations_hidden_states_and_labels():
     target, cfg, _, _ = drafter_setup(layers=1)
     data = tiny_data(target, cfg)
-    assert len(data) == 6 and data.taps.shape[2] == 2 * 64
+    assert len(data) == 12 and data.taps.shape[2] == 2 * 64
     engine = Engine(target, Pool(target, 1, 40, 4, "cpu", torch.float32), draft_layers=1)
-    for n in range(6):
+    branched = 0
+    for n in range(12):
         seq = data.tokens[n, : int(data.lengths[n])].tolist()
         start = int(data.starts[n])
         assert len(seq) > start  # at least one response token
-        if n < 4:  # the first batch decodes greedily: each token is the target's argmax
-            for t in range(start, len(seq)):
-                logits = engine.prefill(0, seq[:t])
-                assert int(logits.argmax()) == seq[t]
+        # Every label is the target's argmax after the prefix before it.
+        for t in range(1, len(seq)):
+            best = int(engine.prefill(0, seq[:t]).argmax())
+            assert int(data.labels[n, t]) == best
+            if t >= start and n < 6:  # the first copy decodes greedily
+                assert seq[t] == best
+            branched += t >= start and seq[t] != best
+        assert int(data.labels[n, 0]) == -100 and bool((data.labels[n, len(seq) :] == -100).all())
         _, taps = engine.prefill(0, seq, keep=cfg.taps)
         torch.testing.assert_close(data.taps[n, : len(seq)], taps)
+    assert branched > 0  # the second copy left the greedy path somewhere
+
+
+def test_a_branching_policy_is_checked_and_greedy_without_branches():
+    from ddtree.demo import datagen
+
+    with pytest.raises(ValueError, match="branch"):
+        datagen.Policy(1.5)
+    with pytest.raises(ValueError, match="temperature"):
+        datagen.Policy(0.5, 0.0)
+    logits = torch.randn(64, 97, generator=torch.Generator().manual_seed(0))
+    g = torch.Generator().manual_seed(1)
+    assert torch.equal(datagen.pick(logits, datagen.Policy(), g), logits.argmax(-1))
+    # At branch 1, temperature 1 the draws follow softmax: each row's mean over draws.
+    drawn = torch.stack([datagen.pick(logits[:1].expand(4000, -1), datagen.Policy(1.0), g)
+                         for _ in range(5)]).flatten()  # fmt: skip
+    freq = torch.bincount(drawn, minlength=97).float() / drawn.numel()
+    assert (freq - logits[0].softmax(-1)).abs().max() < 0.02
 
 
 def test_two_training_steps_lower_the_loss_and_a_checkpoint_resumes_exactly(tmp_path):
@@ -221,12 +246,17 @@ def test_the_training_job_runs_resumes_and_writes_its_record(tmp_path):
     args = types.SimpleNamespace(
         device="cpu", layers=1, block=4, taps=(0, 2), prompts=12, max_new_tokens=6, steps=3,
         minutes=5.0, batch=4, anchors=3, gamma=2.0, lr=1e-3, every=1, seed=0, out=str(tmp_path),
-        save_minutes=0.0, checkpoint_moments="bfloat16", samples=2, gen_batch=4,
+        save_minutes=0.0, checkpoint_moments="bfloat16", samples=2, gen_batch=4, branch=0.5,
+        temperature=1.0,
     )  # fmt: skip
     lines = []
     record = td.train(target, tok, args, log=lines.append)
     assert record["step"] == 3 and record["sequences"] == 20 and record["held_out_acceptance"] >= 1
     assert any(line.startswith("step 3/3: loss") for line in lines)
+    # The chain's per-depth shares fall with depth and sum to the acceptance minus one.
+    by_depth = record["held_out_by_depth"]
+    assert len(by_depth) == 4 and by_depth == sorted(by_depth, reverse=True)
+    assert abs(1 + sum(by_depth) - record["held_out_acceptance"]) < 1e-3
     args.steps = 5
     again = td.train(target, tok, args, log=lines.append)
     assert "resumed at step 3" in lines and again["step"] == 5

@@ -3,10 +3,11 @@
     python -m ddtree.demo.train_drafter --device cuda --out DIR [--minutes 12] [--seed 0]
 
 1. Data: chat prompts built here (stories, explanations, lists, code, arithmetic, rewriting;
-   every tenth held out), the target's own responses to them (greedy, and sampled at
-   temperature 0.8 for half of them; with ``--samples N``, one greedy and N − 1 sampled
-   responses per training prompt) decoded by the demo engine, then each whole sequence's
-   tapped hidden states from one prefill. No download; a fixed seed gives the same data.
+   every tenth held out) and the target's own responses to them, decoded hundreds at a time
+   (`datagen`): per training prompt one greedy response and ``--samples`` − 1 that branch
+   off greedy (each token, with probability ``--branch``, a draw at ``--temperature``); then
+   each sequence's tapped hidden states and the target's argmax after every prefix (the
+   labels) from one prefill. No download; a fixed seed gives the same data.
 2. Training (DFlash's recipe): random anchor positions per sequence, the block after each
    anchor predicted at once, cross-entropy weighted by exp(-i / gamma) over block position
    i, AdamW, linear warmup then cosine decay, gradient clipping. The target stays frozen.
@@ -34,10 +35,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from . import decode, dflash
-from .engine import Engine, Pool
+from . import datagen, dflash
 
 SHARD_BYTES = 15 * 2**20
+BRANCHING = datagen.Policy(branch=0.2, temperature=1.0)  # the sampled copies' default
 
 TOPICS = (
     "a lighthouse keeper", "the moon", "a lost robot", "volcanoes", "a bakery", "the ocean",
@@ -99,10 +100,12 @@ def split(texts: list) -> tuple[list, list]:
 @dataclass
 class Data:
     """Sequences padded to one length: tokens [N, T], tapped hidden states [N, T, k*H],
-    lengths [N] and where each response starts [N]."""
+    labels [N, T] (the target's argmax after tokens 0..t-1, the greedy choice for position
+    t), lengths [N] and where each response starts [N]."""
 
     tokens: torch.Tensor
     taps: torch.Tensor
+    labels: torch.Tensor
     lengths: torch.Tensor
     starts: torch.Tensor
 
@@ -110,42 +113,44 @@ class Data:
         return self.tokens.shape[0]
 
     def take(self, idx: torch.Tensor) -> Data:
-        return Data(self.tokens[idx], self.taps[idx], self.lengths[idx], self.starts[idx])
+        return Data(self.tokens[idx], self.taps[idx], self.labels[idx], self.lengths[idx],
+                    self.starts[idx])  # fmt: skip
 
 
 def generate(target, prompt_ids: list[list[int]], cfg: dflash.DraftConfig, max_new: int,
-             device, bs: int = 32, seed: int = 0, samples: int = 1) -> Data:  # fmt: skip
-    """The target's responses to `prompt_ids`, then every sequence's tapped hidden states from
-    one prefill. With ``samples`` = 1: greedy for even batches, sampled at 0.8 for odd ones;
-    with more, each prompt gets one greedy response and ``samples`` − 1 sampled at 0.8."""
-    torch.manual_seed(seed)
+             device, bs: int = 256, seed: int = 0, samples: int = 1,
+             policy: datagen.Policy = BRANCHING, log=None) -> Data:  # fmt: skip
+    """The target's responses to `prompt_ids` (`datagen.respond`, `bs` prompts at once):
+    one greedy response per prompt and ``samples`` − 1 more that follow `policy`; then each
+    sequence's tapped hidden states and labels (`datagen.annotate`); `log` gets a line
+    per copy."""
+    t0 = time.perf_counter()
+    g = torch.Generator(device).manual_seed(seed)
+    width = max(map(len, prompt_ids)) + max_new
+    engine = datagen.engine_for(target, width)
+    eos = target.config.eos_id
     seqs, starts = [], []
     for copy in range(samples):
+        pol = policy if copy else datagen.Policy()
         for i in range(0, len(prompt_ids), bs):
             chunk = prompt_ids[i : i + bs]
-            engine = _engine(target, chunk, max_new, device)
-            sampled = (i // bs) % 2 if samples == 1 else copy > 0
-            temperature = 0.8 if sampled else 0.0
-            r = decode.Greedy(engine, len(chunk), max_new, target.config.eos_id, temperature)
-            out = r.decode(chunk)
-            seqs += [p + t for p, t in zip(chunk, out.tokens, strict=True)]
+            out = datagen.respond(engine, chunk, max_new, eos, pol, g)
+            seqs += [p + t for p, t in zip(chunk, out, strict=True)]
             starts += [len(p) for p in chunk]
+        if log:
+            made = sum(len(x) - n for x, n in zip(seqs, starts, strict=True))
+            log(f"copy {copy + 1}/{samples}: {len(seqs)} responses, {made} tokens "
+                f"({time.perf_counter() - t0:.0f} s)")  # fmt: skip
     width = max(map(len, seqs))
-    engine = _engine(target, [[0] * width], 0, device)
     tokens = torch.zeros(len(seqs), width, dtype=torch.int64)
-    taps = torch.zeros(len(seqs), width, len(cfg.taps) * target.config.hidden,
-                       dtype=target.embed.dtype, device=device)  # fmt: skip
     for n, ids in enumerate(seqs):
         tokens[n, : len(ids)] = torch.tensor(ids)
-        taps[n, : len(ids)] = engine.prefill(0, ids, keep=cfg.taps)[1]
-    return Data(tokens.to(device), taps, torch.tensor(list(map(len, seqs)), device=device),
-                torch.tensor(starts, device=device))  # fmt: skip
-
-
-def _engine(target, prompts, max_new, device):
-    pool = Pool(target, len(prompts), max(map(len, prompts)) + max_new + 4, 16, device,
-                target.embed.dtype)  # fmt: skip
-    return Engine(target, pool, draft_layers=1)
+    taps = torch.zeros(len(seqs), width, len(cfg.taps) * target.config.hidden,
+                       dtype=target.embed.dtype, device=device)  # fmt: skip
+    labels = torch.full((len(seqs), width), -100, dtype=torch.int64, device=device)
+    datagen.annotate(engine, seqs, cfg.taps, taps, labels)
+    return Data(tokens.to(device), taps, labels, torch.tensor(list(map(len, seqs)),
+                device=device), torch.tensor(starts, device=device))  # fmt: skip
 
 
 def anchors(data: Data, per_seq: int, block: int, g: torch.Generator) -> torch.Tensor:
@@ -158,10 +163,11 @@ def anchors(data: Data, per_seq: int, block: int, g: torch.Generator) -> torch.T
 
 
 def targets(data: Data, at: torch.Tensor, block: int) -> torch.Tensor:
-    """The token after each block position [N, A, L]; -100 past a sequence's end."""
+    """The label of the position after each block position [N, A, L] (the target's greedy
+    choice there); -100 past a sequence's end."""
     pos = at.unsqueeze(2) + 1 + torch.arange(block, device=at.device)
     ok = pos < data.lengths.view(-1, 1, 1)
-    tok = data.tokens.gather(1, pos.clamp(max=data.tokens.shape[1] - 1).flatten(1))
+    tok = data.labels.gather(1, pos.clamp(max=data.labels.shape[1] - 1).flatten(1))
     return torch.where(ok, tok.view_as(pos), -100)
 
 
@@ -176,13 +182,19 @@ def loss_of(w, cfg, embed, data: Data, at: torch.Tensor, gamma: float) -> torch.
 
 
 @torch.no_grad()
-def acceptance(w, cfg, embed, data: Data, per_seq: int, seed: int) -> float:
-    """Held-out chain acceptance: 1 + the leading block positions whose argmax is right."""
+def depth_profile(w, cfg, embed, data: Data, per_seq: int, seed: int) -> list[float]:
+    """Held-out, per depth d = 1..L: the share of anchors whose first d block positions'
+    argmax are the target's greedy tokens (what a chain of depth d would accept)."""
     g = torch.Generator().manual_seed(seed)
     at = anchors(data, per_seq, cfg.block, g)
     logits = dflash.block_logits(w, cfg, embed, data.taps.to(embed.dtype), data.tokens, at)
     right = (logits.argmax(-1) == targets(data, at, cfg.block)).long()
-    return float(1 + right.cumprod(-1).sum(-1).float().mean())
+    return right.cumprod(-1).float().mean((0, 1)).tolist()
+
+
+def acceptance(w, cfg, embed, data: Data, per_seq: int, seed: int) -> float:
+    """Held-out chain acceptance: 1 + the leading block positions whose argmax is right."""
+    return 1 + sum(depth_profile(w, cfg, embed, data, per_seq, seed))
 
 
 def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
@@ -305,8 +317,9 @@ def train(target, tok, args, log=print) -> dict:
     texts = prompts()[: args.prompts]
     train_texts, held_texts = split(texts)
     t0 = time.perf_counter()
+    policy = datagen.Policy(args.branch, args.temperature)
     data = generate(target, [tok.chat(p) for p in train_texts], cfg, args.max_new_tokens,
-                    device, args.gen_batch, args.seed, args.samples)  # fmt: skip
+                    device, args.gen_batch, args.seed, args.samples, policy, log)  # fmt: skip
     held = generate(target, [tok.chat(p) for p in held_texts], cfg, args.max_new_tokens,
                     device, args.gen_batch, args.seed + 1)  # fmt: skip
     gen_s = time.perf_counter() - t0
@@ -318,13 +331,17 @@ def train(target, tok, args, log=print) -> dict:
     moments = getattr(torch, args.checkpoint_moments)
     trainer = Trainer(w, cfg, embed, args.steps, args.lr, args.seed, moments)
     out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     record = {"seed": args.seed, "sequences": len(data), "response_tokens": tokens,
-              "samples": args.samples}  # fmt: skip
+              "samples": args.samples, "branch": args.branch,
+              "temperature": args.temperature, "data_seconds": round(gen_s, 1)}  # fmt: skip
     if (out / "checkpoint" / "state.json").exists():
         state = trainer.load(out / "checkpoint")
         # The time spent, and which step the weights file holds (a resumed run replaces it
         # only with a better one).
-        for key in ("train_seconds", "best_held_out", "held_out_acceptance", "best_step"):
+        kept = ("train_seconds", "best_held_out", "held_out_acceptance", "best_step",
+                "held_out_by_depth")  # fmt: skip
+        for key in kept:
             if key in state:
                 record[key] = state[key]
         log(f"resumed at step {trainer.step}")
@@ -338,12 +355,14 @@ def train(target, tok, args, log=print) -> dict:
             trainer.save(out / "checkpoint", {**record, "train_seconds": now})
             saved = time.perf_counter()
         if trainer.step % args.every == 0 or trainer.step == args.steps:
-            tau = acceptance(w, cfg, embed, held, args.anchors, args.seed)
+            profile = depth_profile(w, cfg, embed, held, args.anchors, args.seed)
+            tau = 1 + sum(profile)
             log(f"step {trainer.step}/{args.steps}: loss {loss:.3f}, held-out acceptance "
                 f"{tau:.2f} ({time.perf_counter() - start:.0f} s)")  # fmt: skip
             if tau > best:  # the drafter memorises: keep the step that generalised best
                 best = record["best_held_out"] = record["held_out_acceptance"] = tau
                 record["best_step"] = trainer.step
+                record["held_out_by_depth"] = [round(x, 4) for x in profile]
                 mark = {"train_seconds": now, "step": trainer.step}
                 save_weights(out / "drafter.safetensors", w, cfg, {**record, **mark})
     record["train_seconds"] = spent + time.perf_counter() - start
@@ -369,11 +388,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", type=int, default=len(prompts()),
                    help=f"prompts used (default: all {len(prompts())})")  # fmt: skip
     p.add_argument("--max-new-tokens", type=int, default=192, help="default: 192")
-    p.add_argument("--samples", type=int, default=1,
-                   help="responses per training prompt: one greedy, the rest sampled at 0.8 "
-                   "(default: 1, greedy and sampled prompts alternating by batch)")  # fmt: skip
-    p.add_argument("--gen-batch", type=int, default=32,
-                   help="prompts decoded at once while generating (default: 32)")  # fmt: skip
+    p.add_argument("--samples", type=int, default=8,
+                   help="responses per training prompt: one greedy, the rest branching "
+                   "(default: 8)")  # fmt: skip
+    p.add_argument("--branch", type=float, default=BRANCHING.branch,
+                   help="a branching response's chance per token of a draw instead of the "
+                   "argmax (default: 0.2)")  # fmt: skip
+    p.add_argument("--temperature", type=float, default=BRANCHING.temperature,
+                   help="temperature of those draws (default: 1.0)")  # fmt: skip
+    p.add_argument("--gen-batch", type=int, default=256,
+                   help="prompts decoded at once while generating (default: 256)")  # fmt: skip
     p.add_argument("--steps", type=int, default=3000, help="default: 3000")
     p.add_argument("--minutes", type=float, default=12.0, help="stop after (default: 12)")
     p.add_argument("--batch", type=int, default=16, help="sequences per step (default: 16)")
