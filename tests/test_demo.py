@@ -249,7 +249,7 @@ def test_help_shows_the_defaults(capsys):
     with pytest.raises(SystemExit):
         main(["demo", "--help"])
     out = capsys.readouterr().out
-    for text in ("default: 4", "default: 24", "default: 16", "15,63,255 on CUDA",
+    for text in ("default: 4", "default: 24", "default: 16", "15,31,63 on CUDA",
                  "default: greedy,chain,ddtree,cpu-build"):  # fmt: skip
         assert text in " ".join(out.split()), text
 
@@ -440,7 +440,8 @@ def test_the_shipped_drafter_is_the_recorded_file():
     assert cli.SHIPPED_SHA256 in readme
     meta = json.loads(safetensors_io.metadata(cli.SHIPPED_WEIGHTS)["ddtree"])
     assert (meta["layers"], meta["block"], meta["taps"]) == (1, 8, [1, 8, 14, 20, 27])
-    assert (meta["seed"], meta["step"], meta["response_tokens"]) == (0, 1000, 530249)
+    assert (meta["seed"], meta["step"], meta["response_tokens"]) == (0, 10000, 2106213)
+    assert (meta["samples"], meta["branch"], meta["temperature"]) == (8, 0.2, 1.0)
     assert f"**{meta['held_out_acceptance']:.2f}**" in readme
 
 

@@ -113,6 +113,28 @@ def test_a_bad_config_names_its_field():
         dflash.DraftConfig(target.config, taps=(4,))
 
 
+def test_a_shallower_drafter_gives_the_blocks_first_positions_and_the_same_decode():
+    """Depth d < L: the first d positions of the full block's logits; a DDTree of B ≤ d
+    nodes decodes the same tokens in the same rounds with either."""
+    target, cfg, w, engine = drafter_setup(bs=2, block=4)
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(2, 97, (n,), generator=g).tolist() for n in (6, 9)]
+    full = dflash.DFlashDrafter(engine, w, cfg, bs=2)
+    two = dflash.DFlashDrafter(engine, w, cfg, bs=2, depth=2)
+    for b, ids in enumerate(prompts):
+        hidden = engine.prefill(b, ids, keep=cfg.taps)[1]
+        full.start(b, hidden)
+        two.start(b, hidden)
+    roots, prefix = torch.tensor([5, 8]), torch.tensor([6, 9])
+    torch.testing.assert_close(two(roots, prefix), full(roots, prefix)[:, :2])
+    eos = target.config.eos_id
+    runs = [decode.Speculative(engine, 2, 12, eos, dflash.DFlashDrafter(engine, w, cfg, 2, d),
+                               2).decode(prompts) for d in (2, 4)]  # fmt: skip
+    assert runs[0].tokens == runs[1].tokens and runs[0].rounds == runs[1].rounds
+    with pytest.raises(ValueError, match="depth"):
+        dflash.DFlashDrafter(engine, w, cfg, bs=2, depth=5)
+
+
 @pytest.mark.parametrize("budget", [1, 15])
 def test_ddtree_and_the_cpu_build_with_the_drafter_decode_what_greedy_decodes(budget):
     target, cfg, w, engine = drafter_setup(bs=2, block=4)

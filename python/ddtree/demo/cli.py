@@ -31,7 +31,7 @@ import torch
 
 # The demo's DFlash drafter (weights/README.md: how it was trained, what it accepts).
 SHIPPED_WEIGHTS = pathlib.Path(__file__).parent / "weights" / "dflash-smollm2-135m.safetensors"
-SHIPPED_SHA256 = "a1aba819344dc62e0d0b6f2c4200299a30dd8d710a158c4025841e9e0ee12aa9"
+SHIPPED_SHA256 = "3a3975dbb402d13c1c5ca80ffd93856256b6c7f57a221179e1ec91d46c11093a"
 
 PROMPTS = (
     "What is the capital of France?",
@@ -83,7 +83,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, help="tokens per prompt (default: 16 on the "
                    "CPU, 128 on CUDA)")  # fmt: skip
     p.add_argument("--budget", type=ints, help="DDTree node budgets B, comma-separated "
-                   "(default: 7 on the CPU, 15,63,255 on CUDA)")  # fmt: skip
+                   "(default: 3 on the CPU, 15,31,63 on CUDA)")  # fmt: skip
     p.add_argument("--decoders", type=names, default=DECODERS, help="which decoders, "
                    f"comma-separated (default: {','.join(DECODERS)})")  # fmt: skip
     p.add_argument("--depth", type=int, default=4,
@@ -116,8 +116,9 @@ def check_args(args) -> str | None:
         args.max_new_tokens = 128 if cuda else 16
     if args.budget is None:
         # On two CPU cores a verify token costs a fair share of a forward, so a small tree
-        # pays best (BENCHMARKS.md, session 14: B = 7 1.27× greedy, B = 15 1.04×).
-        args.budget = (15, 63, 255) if cuda else (7,)
+        # pays best (BENCHMARKS.md, session 15: B = 3 1.66× greedy, B = 7 1.29×); on the
+        # H200 B = 15-31 (bs 1-8: 1.65-2.21×), B = 63 to show a larger tree's cost.
+        args.budget = (15, 31, 63) if cuda else (3,)
     if args.prompt and args.bs is not None:
         return "--bs: give either --prompt or --bs, not both"
     checks = [
@@ -209,23 +210,27 @@ def make_decoder(engine, name, budget, bs, args):
     eos, t = engine.cfg.eos_id, args.temperature
     if name == "greedy":
         return decode.Greedy(engine, bs, args.max_new_tokens, eos, t)
-    drafter = new_drafter(engine, bs, args)
+    # A tree of B nodes is at most B deep: the drafter drafts min(L, B) depths.
+    depth = args.depth if name == "chain" else min(args.depth, budget)
+    drafter = new_drafter(engine, bs, args, depth)
     if name == "cpu-build":
         return decode.CpuBuild(engine, bs, args.max_new_tokens, eos, drafter, budget, t)
     topk = 1 if name == "chain" else None
     return decode.Speculative(engine, bs, args.max_new_tokens, eos, drafter, budget, topk, t)
 
 
-def new_drafter(engine, bs, args):
-    """The drafter `--drafter` names, for `bs` requests over `engine`."""
+def new_drafter(engine, bs, args, depth=None):
+    """The drafter `--drafter` names, for `bs` requests over `engine`, drafting `depth`
+    positions (default and at most: --depth, the DFlash block)."""
     from . import decode
 
+    depth = args.depth if depth is None else depth
     if args.drafter != "dflash":
-        return decode.EarlyExitDrafter(engine, bs, args.depth)
+        return decode.EarlyExitDrafter(engine, bs, depth)
     from .dflash import DFlashDrafter
 
     w, cfg = draft_weights(args.draft_weights, engine)
-    return DFlashDrafter(engine, w, cfg, bs)
+    return DFlashDrafter(engine, w, cfg, bs, depth)
 
 
 @functools.lru_cache(maxsize=2)

@@ -247,11 +247,18 @@ def block_tree(bs: int, block: int, device) -> Tree:
 
 class DFlashDrafter:
     """The `decode.Drafter` of a DFlash drafter over `engine` (its embedding, RoPE tables
-    and pool layout) for `bs` requests: its own context pool, one K and V per draft layer."""
+    and pool layout) for `bs` requests: its own context pool, one K and V per draft layer.
 
-    def __init__(self, engine, w: DraftWeights, cfg: DraftConfig, bs: int):
+    `depth` (default: the block) is how many of the block's positions get logits: a tree of
+    B nodes is never deeper than B, so a decoder with B < L asks for B and skips the LM head
+    of the positions it cannot use (the block still runs whole: its attention is
+    bidirectional)."""
+
+    def __init__(self, engine, w: DraftWeights, cfg: DraftConfig, bs: int, depth=None):
         self.engine, self.w, self.cfg = engine, w, cfg
-        self.depth = cfg.block
+        self.depth = cfg.block if depth is None else depth
+        if not 1 <= self.depth <= cfg.block:
+            raise ValueError(f"depth: must be in 1..{cfg.block} (the block), got {depth}")
         self.hidden_layers = tuple(cfg.taps)
         t, pool, dev = cfg.target, engine.pool, engine.device
         shape = (pool.slots, t.n_kv_heads, t.head_dim)
@@ -306,4 +313,4 @@ class DFlashDrafter:
             )  # fmt: skip
             h = h + o.reshape(bs * L, -1) @ lay.wo.T
             h = mlp(lay, h, t.rms_eps)
-        return head(self.w, self.cfg, e.w.embed, h).view(bs, L, -1)
+        return head(self.w, self.cfg, e.w.embed, h.view(bs, L, -1)[:, : self.depth])
