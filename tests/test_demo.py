@@ -54,7 +54,7 @@ def test_every_decoder_decodes_exactly_what_greedy_decodes(page_size):
     prompts = [tok.chat(p) for p in PROMPTS]
     assert len(prompts[0]) != len(prompts[1])  # ragged prefixes
     a = demo_args(["--max-new-tokens", "12", "--budget", "15", "--page-size", str(page_size),
-                   "--drafter", "early-exit"])  # fmt: skip
+                   "--drafter", "early-exit", "--stop-at-eos"])  # fmt: skip
     rows = cli.decode_all(weights, prompts, a, torch.device("cpu"))
     assert [(r["decoder"], r["budget"]) for r in rows] == [
         ("greedy", None), ("chain", 4), ("ddtree", 15), ("cpu-build", 15)]  # fmt: skip
@@ -180,6 +180,8 @@ def test_eos_inside_an_accepted_path_finishes_the_request_and_drops_what_follows
     assert s.tokens() == [[1, 4, EOS], [2, 6, 2, 2], [3, 7, 3]]
     assert s.prefix.tolist()[0] == 13 and s.roots.tolist()[0] == 5
     assert s.mean_accepted() == pytest.approx((5 + 3) / 5)
+    # Tokens committed per round, only while a request ran.
+    assert s.accept_rows() == [[3], [1, 2], [1, 1]]
 
 
 def test_max_new_tokens_reached_mid_round_cuts_the_round_there():
@@ -270,6 +272,32 @@ def test_cli_json(capsys):
     for d in out["decoders"]:
         assert d["ids"] == greedy["ids"] and d["divergence"] == [None]
         assert d["gpu_idle"] is None and d["rounds"] >= 1 and d["tokens_per_s"] > 0
+    # The contract's summary keys: greedy's and the first DDTree decode's ids, and its
+    # tokens committed per round (the prefill's first token before them).
+    assert out["ar_ids"] == greedy["ids"] and out["ddtree_ids"] == out["decoders"][1]["ids"]
+    assert out["ddtree_budget"] == 3 and out["stop_at_eos"] is False
+    assert [1 + sum(n) for n in out["accept_lens"]] == [len(ids) for ids in out["ddtree_ids"]]
+    assert all(1 <= n <= 9 for n in out["accept_lens"][0])
+
+
+@needs_model
+def test_a_given_length_decodes_past_the_end_of_turn_unless_told_to_stop(capsys):
+    """API contract: with --max-new-tokens every prompt gets exactly that many tokens (the
+    "Paris." answer ends its turn after a few); --stop-at-eos, or no length, stops there."""
+    from ddtree.__main__ import main
+
+    base = ["demo", "--prompt", "What is the capital of France?", "--json",
+            "--decoders", "greedy,ddtree"]  # fmt: skip
+    docs = []
+    for extra in (["--max-new-tokens", "12"], ["--max-new-tokens", "12", "--stop-at-eos"], []):
+        assert main(base + extra) == 0
+        docs.append(json.loads(capsys.readouterr().out))
+    eos = model.load_tokenizer().eos_id
+    full, stopped, default = (d["ar_ids"][0] for d in docs)
+    assert len(full) == 12 and eos in full and full[: len(stopped)] == stopped
+    assert stopped[-1] == eos and len(stopped) < 12 and default == stopped
+    assert [d["stop_at_eos"] for d in docs] == [False, True, True]
+    assert all(d["ddtree_ids"] == d["ar_ids"] for d in docs)
 
 
 def synthetic_doc():

@@ -81,7 +81,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "three built-in prompts)")  # fmt: skip
     p.add_argument("--bs", type=int, help="instead of --prompt: N built-in story prompts")
     p.add_argument("--max-new-tokens", type=int, help="tokens per prompt (default: 16 on the "
-                   "CPU, 128 on CUDA)")  # fmt: skip
+                   "CPU, 128 on CUDA); given, every prompt gets exactly that many, past its "
+                   "end-of-turn token unless --stop-at-eos")  # fmt: skip
+    p.add_argument("--stop-at-eos", action="store_true", help="stop a prompt at its "
+                   "end-of-turn token (the default without --max-new-tokens)")  # fmt: skip
     p.add_argument("--budget", type=ints, help="DDTree node budgets B, comma-separated "
                    "(default: 3 on the CPU, 15,31,63 on CUDA)")  # fmt: skip
     p.add_argument("--decoders", type=names, default=DECODERS, help="which decoders, "
@@ -102,7 +105,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="0 decodes greedily (default: 0)")  # fmt: skip
     p.add_argument("--no-profile", action="store_true", help="CUDA: skip the two profiled "
                    "decodes per decoder (GPU idle; round split and top kernels)")  # fmt: skip
-    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout (prompt_ids, "
+                   "ar_ids, ddtree_ids, accept_lens, and every decoder's row)")  # fmt: skip
 
 
 def check_args(args) -> str | None:
@@ -113,6 +117,9 @@ def check_args(args) -> str | None:
         return "--device: cuda asked for, but torch sees no CUDA GPU"
     cuda = args.device.startswith("cuda")
     if args.max_new_tokens is None:
+        # Without a length the demo answers like a chat (each prompt ends at its end of
+        # turn); with one, every prompt decodes exactly that many tokens.
+        args.stop_at_eos = True
         args.max_new_tokens = 128 if cuda else 16
     if args.budget is None:
         # On two CPU cores a verify token costs a fair share of a forward, so a small tree
@@ -207,7 +214,8 @@ def plan(args) -> list[tuple[str, int | None]]:
 def make_decoder(engine, name, budget, bs, args):
     from . import decode
 
-    eos, t = engine.cfg.eos_id, args.temperature
+    # No token id is -1: a decoder given it never stops before max_new_tokens.
+    eos, t = engine.cfg.eos_id if args.stop_at_eos else -1, args.temperature
     if name == "greedy":
         return decode.Greedy(engine, bs, args.max_new_tokens, eos, t)
     # A tree of B nodes is at most B deep: the drafter drafts min(L, B) depths.
@@ -300,9 +308,17 @@ def as_json(texts, prompts, rows, args, device, dtype) -> dict:
             "queued_ahead": r.queued_ahead,
         }  # fmt: skip
 
+    # The contract's summary keys: greedy's ids, and the first DDTree decode's ids and
+    # tokens committed per round, per prompt.
+    tree = next((row for row in rows if row["decoder"] == "ddtree"), None)
     return {
         "device": str(device), "dtype": str(dtype).removeprefix("torch."), "bs": len(prompts),
-        "max_new_tokens": args.max_new_tokens, "depth": args.depth,
+        "max_new_tokens": args.max_new_tokens, "stop_at_eos": args.stop_at_eos,
+        "depth": args.depth,
+        "ar_ids": greedy.tokens if greedy else None,
+        "ddtree_ids": tree["result"].tokens if tree else None,
+        "ddtree_budget": tree["budget"] if tree else None,
+        "accept_lens": tree["result"].accept_lens if tree else None,
         "draft_layers": args.draft_layers, "temperature": args.temperature,
         "prompts": texts, "prompt_ids": prompts,
         "greedy_margins": greedy.margins if greedy else None,

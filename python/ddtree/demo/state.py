@@ -29,6 +29,10 @@ class DecodeState:
         self.history = torch.zeros(bs, self.cap + 1, **i64)
         self.margins = torch.zeros(bs, self.cap + 1, dtype=torch.float32, device=dev)
         self.count = torch.zeros(bs, **i64)  # tokens in the history
+        # Tokens committed by each of a request's rounds until it finished (a round commits
+        # at least one token, so max_new + 1 columns hold them; the last is the dump).
+        self.accepts = torch.zeros(bs, max_new + 2, **i64)
+        self.rounds = torch.zeros(bs, **i64)
         self.done = torch.zeros(bs, dtype=torch.bool, device=dev)
         self.finished = torch.zeros((), **i64)  # done.sum(), what the host polls
         # Over the rounds, per unfinished request: rounds and committed tokens.
@@ -46,6 +50,8 @@ class DecodeState:
         if margins is not None:
             self.margins[:, 0] = margins
         self.count.fill_(1)
+        self.accepts.zero_()
+        self.rounds.zero_()
         self.done.copy_((roots == self.eos) | (self.max_new <= 1))
         self.finished.copy_(self.done.sum())
         self.active_rounds.zero_()
@@ -64,6 +70,10 @@ class DecodeState:
         if margins is not None:
             self.margins.scatter_(1, at, margins)
         step = torch.where(live, n, 0)
+        dump = self.accepts.shape[1] - 1
+        slot = torch.where(live, self.rounds.clamp(max=dump - 1), dump)
+        self.accepts.scatter_(1, slot.unsqueeze(1), step.unsqueeze(1))
+        self.rounds.add_(live.long())
         self.count.add_(step)
         self.prefix.add_(step)
         self.roots.copy_(torch.where(live, next_root, self.roots))
@@ -83,6 +93,11 @@ class DecodeState:
                 row = row[: row.index(self.eos) + 1]
             out.append(row)
         return out
+
+    def accept_rows(self) -> list[list[int]]:
+        """Each request's tokens committed per round, until it finished (reads the device)."""
+        return [row[:n] for row, n in zip(self.accepts.tolist(), self.rounds.tolist(),
+                                          strict=True)]  # fmt: skip
 
     def margin_rows(self, tokens: list[list[int]]) -> list[list[float]]:
         return [m[: len(t)] for m, t in zip(self.margins.tolist(), tokens, strict=True)]
