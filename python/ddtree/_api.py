@@ -6,15 +6,23 @@ import numbers
 
 import torch
 
-from . import _buffers, _cpu, _cuda, _sampling, _validate
+from . import _buffers, _cpu, _cuda, _sampling, _validate, _vocab_parallel
 from ._types import Acceptance, Tree, checked
 
 
-def build_tree(draft_logits, root_tokens, prefix_lens, *, budget, topk=None) -> Tree:
-    """SPEC stages 1–3: draft logits ``[bs, L, V]`` → the verify inputs of every request."""
+def build_tree(
+    draft_logits, root_tokens, prefix_lens, *, budget, topk=None, group=None, vocab_start=None
+) -> Tree:
+    """SPEC stages 1–3: draft logits ``[bs, L, V]`` → the verify inputs of every request.
+    With ``group`` (a ``torch.distributed`` process group), `draft_logits` is this rank's
+    vocabulary shard ``[bs, L, V_r]`` and every rank gets the single-process tree."""
     x, roots, prefix, budget, topk = check_build(
-        draft_logits, root_tokens, prefix_lens, budget, topk
+        draft_logits, root_tokens, prefix_lens, budget, topk, whole_vocab=group is None
     )
+    if group is not None:
+        return _vocab_parallel.build_into(x, roots, prefix, budget, topk, group, vocab_start)
+    if vocab_start is not None:
+        raise ValueError("vocab_start: only meaningful with group=")
     bs, depth, vocab = x.shape
     k = k_of(budget, vocab, topk)
     tree = _buffers.new_tree(bs, depth, k, budget, x.device)
@@ -31,7 +39,7 @@ def k_of(budget: int, vocab: int, topk: int | None) -> int:
     return min(budget, vocab, topk if topk is not None else budget)
 
 
-def check_build(draft_logits, root_tokens, prefix_lens, budget, topk):
+def check_build(draft_logits, root_tokens, prefix_lens, budget, topk, whole_vocab=True):
     x = _validate.logits("draft_logits", draft_logits, max_depth=_validate.MAX_DEPTH)
     # First: the other inputs are checked against draft_logits' device, so an unsupported
     # one must be blamed on draft_logits rather than on whichever argument comes next.
@@ -44,18 +52,40 @@ def check_build(draft_logits, root_tokens, prefix_lens, budget, topk):
     # On the GPU these are not checked here (it would sync): a root outside the vocabulary
     # and a negative prefix are per-request `status` codes; overflowing positions are not
     # detected.
-    _validate.in_vocab("root_tokens", roots, vocab)
+    if whole_vocab:  # a shard's V is not the vocabulary: checked after the gather
+        _validate.in_vocab("root_tokens", roots, vocab)
     _validate.prefix_lens(prefix, depth)
     return x, roots, prefix, budget, topk
 
 
 def accept_tree(
-    tree: Tree, target_logits, *, temperature=None, top_k=None, top_p=None, generator=None
+    tree: Tree,
+    target_logits,
+    *,
+    temperature=None,
+    top_k=None,
+    top_p=None,
+    generator=None,
+    group=None,
+    vocab_start=None,
 ) -> Acceptance:
-    """SPEC stage 4: walk ``tree`` along the posterior tokens of ``target_logits``."""
+    """SPEC stage 4: walk ``tree`` along the posterior tokens of ``target_logits``. With
+    ``group``, `target_logits` is this rank's vocabulary shard ``[bs, Q, V_r]`` (greedy
+    only for now) and every rank gets the single-process acceptance."""
     checked("tree", tree, Tree)
     acc = _buffers.new_acceptance(tree.batch_size, tree.depth, tree.device)
-    accept_into(tree, target_logits, acc, temperature, top_k, top_p, generator)
+    if group is None:
+        if vocab_start is not None:
+            raise ValueError("vocab_start: only meaningful with group=")
+        accept_into(tree, target_logits, acc, temperature, top_k, top_p, generator)
+        return acc
+    if not (_sampling.is_greedy(temperature) and top_k is None and top_p is None):
+        raise ValueError(
+            "temperature: a vocab-parallel accept (group=) is greedy only for now; "
+            "sampling over shards is not implemented"
+        )
+    t = check_target(tree, target_logits, whole_vocab=False)
+    _vocab_parallel.accept_into(tree, t, acc, group, vocab_start)
     return acc
 
 
@@ -99,7 +129,7 @@ def cuda_accept_into(tree, t, acc, temperature, top_k, top_p, generator) -> None
     _cuda.accept_into(tree, t, acc, state)
 
 
-def check_target(tree: Tree, target_logits) -> torch.Tensor:
+def check_target(tree: Tree, target_logits, whole_vocab=True) -> torch.Tensor:
     t = _validate.logits("target_logits", target_logits)
     want = (tree.batch_size, tree.width)
     if tuple(t.shape[:2]) != want:
@@ -108,7 +138,8 @@ def check_target(tree: Tree, target_logits) -> torch.Tensor:
             f"got {list(t.shape)}"
         )
     _validate.same_device("target_logits", t, tree.device)
-    check_target_vocab(tree, t)
+    if whole_vocab:
+        check_target_vocab(tree, t)
     return t
 
 

@@ -30,6 +30,29 @@ def build_tree(
     topk: int | None,
     out: Tree,
 ) -> int: ...
+def shard_partials(
+    shard_logits: Tensor,
+    start: int,
+    k: int,
+    values: Tensor,
+    ids: Tensor,
+    maxima: Tensor,
+    bad: Tensor,
+) -> None: ...
+def shard_sums(shard_logits: Tensor, maxima: Tensor, sums: Tensor) -> None: ...
+def merge_partials(
+    tp: int,
+    rows: int,
+    k: int,
+    values: Tensor,
+    ids: Tensor,
+    bad: Tensor,
+    sums: Tensor,
+    maxima: Tensor,
+    lp: Tensor,
+    ti: Tensor,
+    eligible: Tensor,
+) -> None: ...
 def select_emit(
     eligible: Tensor,
     root_tokens: Tensor,

@@ -19,9 +19,9 @@ pub struct NonFinite;
 
 /// A token ranked by (value descending, id ascending); "greater" means "ranked earlier".
 #[derive(Clone, Copy)]
-struct Ranked {
-    value: f32,
-    id: usize,
+pub(crate) struct Ranked {
+    pub(crate) value: f32,
+    pub(crate) id: usize,
 }
 
 impl Ord for Ranked {
@@ -78,7 +78,10 @@ pub fn candidates<T: Element>(
 ///
 /// A bounded min-heap of the current best: ids arrive in ascending order, so a later equal
 /// value never outranks a kept one and only a strictly greater value replaces the worst.
-fn top_k_finite<T: Element>(row: Row<'_, T>, k: usize) -> Result<(Vec<Ranked>, f32), NonFinite> {
+pub(crate) fn top_k_finite<T: Element>(
+    row: Row<'_, T>,
+    k: usize,
+) -> Result<(Vec<Ranked>, f32), NonFinite> {
     let mut heap: BinaryHeap<std::cmp::Reverse<Ranked>> = BinaryHeap::with_capacity(k + 1);
     let mut bad = false;
     let mut max = f32::NEG_INFINITY;
@@ -104,22 +107,39 @@ fn top_k_finite<T: Element>(row: Row<'_, T>, k: usize) -> Result<(Vec<Ranked>, f
     Ok((top, max))
 }
 
-/// `Z = fp32(m + ln(sum(exp(x - m))))` in float64 over the finite values (`-inf` adds 0).
-///
-/// Eight independent partial sums keep the float64 rounding error far below one fp32 ulp of
-/// `Z` even for 262144-token rows, so this agrees with the reference's pairwise sum.
+/// `Z = fp32(m + ln(sum(exp(x - m))))` over the finite values (`-inf` adds 0).
 fn logsumexp<T: Element>(row: Row<'_, T>, max: f32) -> f32 {
+    normaliser(max, exp_sum(row, max))
+}
+
+/// The fixed-point unit of the normaliser's sum: 2^-80.
+///
+/// Each term `exp(x - m)` (float64, at most 1) is rounded to a multiple of 2^-80 and the
+/// terms are added as integers. Integer addition is exact, so the sum does not depend on
+/// the order of the terms or on how a row is split: vocabulary shards that each sum their
+/// slice (against the row's global maximum) add up to the single-process sum bit for bit.
+/// The rounding costs at most 2^-81 per term, about 2^-63 of the sum (which is at least 1)
+/// for a 262144-token row: far below one fp32 ulp of `Z`.
+pub const SUM_UNIT: f64 = (1u128 << 80) as f64;
+
+/// The fixed-point sum of `exp(x - max)` over a row (or a shard of one), in units of
+/// [`SUM_UNIT`]`^-1`.
+pub fn exp_sum<T: Element>(row: Row<'_, T>, max: f32) -> i128 {
     let m = max as f64;
-    let mut lanes = [0f64; 8];
-    row.for_each(|id, x| {
-        lanes[id & 7] += (x as f64 - m).exp();
+    let mut sum = 0i128;
+    row.for_each(|_, x| {
+        sum += ((x as f64 - m).exp() * SUM_UNIT).round() as i128;
     });
-    let sum: f64 = lanes.iter().sum();
-    (m + sum.ln()) as f32
+    sum
+}
+
+/// `Z = fp32(max + ln(sum / 2^80))` for a fixed-point [`exp_sum`].
+pub fn normaliser(max: f32, sum: i128) -> f32 {
+    (max as f64 + (sum as f64 / SUM_UNIT).ln()) as f32
 }
 
 /// Ranks after the finite ones: the `-inf` tokens in ascending id order, then id `-1`.
-fn fill_ineligible<T: Element>(row: Row<'_, T>, lp: &mut [f32], ti: &mut [i64]) {
+pub(crate) fn fill_ineligible<T: Element>(row: Row<'_, T>, lp: &mut [f32], ti: &mut [i64]) {
     if lp.is_empty() {
         return;
     }

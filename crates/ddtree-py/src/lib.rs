@@ -10,6 +10,7 @@ mod cuda;
 mod cuda_round;
 mod engine;
 mod errors;
+mod shard;
 mod tensor;
 
 use buffers::{data_ptr, AccOut, Links, TreeOut};
@@ -284,6 +285,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(select_emit, m)?)?;
     m.add_function(wrap_pyfunction!(accept_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(accept_sampled, m)?)?;
+    m.add_function(wrap_pyfunction!(shard::shard_partials, m)?)?;
+    m.add_function(wrap_pyfunction!(shard::shard_sums, m)?)?;
+    m.add_function(wrap_pyfunction!(shard::merge_partials, m)?)?;
     m.add_function(wrap_pyfunction!(sglang_custom_mask, m)?)?;
     m.add_function(wrap_pyfunction!(tree_fields, m)?)?;
     m.add_function(wrap_pyfunction!(acceptance_fields, m)?)?;

@@ -1,15 +1,18 @@
 //! A whole batch through SPEC stages 1–4 on the CPU, parallel over rows and requests (rayon):
-//! `build` (stages 1–3), `accept` (stage 4) and `mask` (SGLang's FULL mask).
+//! `build` (stages 1–3), `accept` (stage 4), `mask` (SGLang's FULL mask) and `shard` (stage 1
+//! over vocabulary shards).
 
 mod accept;
 mod build;
 mod fields;
 mod mask;
+mod shard;
 
 pub use accept::{accept_tree, AcceptBuffers, BatchLinks, Posterior};
 pub use build::{build_from_candidates, build_tree, TreeBuffers};
 pub use fields::{acceptance_fields, tree_fields, Elem, Field};
 pub use mask::full_masks;
+pub use shard::{merge_partials, shard_partials, shard_sums, Partials};
 
 use crate::emit::mask_words;
 use crate::error::{ensure, Result};

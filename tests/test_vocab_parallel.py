@@ -1,0 +1,136 @@
+"""Vocab-parallel build and greedy accept on CPU tensors with the gloo backend: 2 and 3
+ranks, unequal shards, each rank holding its slice of the vocabulary. Every rank's tree and
+acceptance must equal the single-process call on the concatenated logits, bit for bit."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import ddtree
+
+NINF, NAN = float("-inf"), float("nan")
+
+
+def draft_case(seed: int, bs: int, depth: int, vocab: int, dtype) -> torch.Tensor:
+    """Logits with many exact ties (few distinct values), -inf tokens, rows of -inf only
+    on some shards, a one-hot row (log-prob 0), and NaN in one request."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(-6, 3, (bs, depth, vocab), generator=g).float() / 2
+    x[torch.rand(bs, depth, vocab, generator=g) < 0.2] = NINF
+    x[0, 0, : vocab // 2] = NINF  # the first shard(s) see only -inf in this row
+    x[0, 1] = NINF
+    x[0, 1, vocab - 1] = 0.0  # one finite token at the very end: log-prob exactly 0
+    if bs > 2:
+        x[2, depth - 1, vocab // 3] = NAN  # request 2 is rejected
+    return x.to(dtype)
+
+
+def target_case(seed: int, tree: ddtree.Tree, vocab: int) -> torch.Tensor:
+    """Target logits whose argmax often is a drafted token (deep walks), with ties that
+    straddle the shard cuts, an all -inf node row and a NaN."""
+    g = torch.Generator().manual_seed(seed)
+    bs, q = tree.verify_ids.shape
+    t = torch.randint(-4, 1, (bs, q, vocab), generator=g).float()
+    for b in range(bs):
+        for i in range(q):
+            child = int(tree.first_child[b, i])
+            if child >= 0 and torch.rand((), generator=g) < 0.8:
+                t[b, i, int(tree.verify_ids[b, child])] = 5.0
+    t[0, 0, :] = 1.0  # a tie across every shard: the lowest id wins
+    t[1 % bs, 0, :] = NINF  # no value above -inf: token 0
+    t[0, 1 % q, 3] = NAN
+    return t
+
+
+def shards_of(vocab: int, tp: int, case: int) -> list[tuple[int, int]]:
+    """Unequal (start, size) cuts; case 1 puts a one-token shard in the middle."""
+    if case == 0:
+        cuts = [round(vocab * (r + 1) ** 2 / tp**2) for r in range(tp)]
+    else:
+        cuts = [vocab // 2 + r for r in range(tp - 1)] + [vocab]
+    starts = [0] + cuts[:-1]
+    return [(s, e - s) for s, e in zip(starts, cuts, strict=True)]
+
+
+def same(a, b) -> bool:
+    """Bit-equal dataclasses of tensors (NaN-safe: compares bits)."""
+    for f in dataclasses.fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if x.dtype.is_floating_point:
+            bits = {4: torch.int32, 8: torch.int64}[x.element_size()]
+            x, y = x.view(bits), y.view(bits)
+        if not torch.equal(x, y):
+            return False
+    return True
+
+
+CASES = [  # (bs, depth, vocab, budget, topk, dtype)
+    (3, 4, 97, 15, None, torch.float32),
+    (4, 3, 64, 1, None, torch.bfloat16),
+    (2, 5, 50, 300, None, torch.float32),
+    (3, 2, 211, 40, 7, torch.float16),
+]
+
+
+def run_rank(rank: int, tp: int, init: str, out_dir: str) -> None:
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=tp)
+    torch.manual_seed(0)
+    checked = 0
+    for n, (bs, depth, vocab, budget, topk, dtype) in enumerate(CASES):
+        x = draft_case(n, bs, depth, vocab, dtype)
+        roots = torch.arange(bs) * 7 % vocab
+        prefix = torch.arange(bs) * 5 + 3
+        whole = ddtree.build_tree(x, roots, prefix, budget=budget, topk=topk)
+        for case in (0, 1):
+            # case 1: rank r holds shard tp-1-r and says where it starts (vocab_start).
+            start, size = shards_of(vocab, tp, case)[tp - 1 - rank if case else rank]
+            shard = x[:, :, start : start + size]
+            kw = {"vocab_start": start} if case else {}
+            tree = ddtree.build_tree(shard, roots, prefix, budget=budget, topk=topk,
+                                     group=dist.group.WORLD, **kw)  # fmt: skip
+            assert same(tree, whole), (n, case)
+            t = target_case(n, whole, vocab)
+            acc = ddtree.accept_tree(whole, t[:, :, start : start + size],
+                                     group=dist.group.WORLD, **kw)  # fmt: skip
+            assert same(acc, ddtree.accept_tree(whole, t)), (n, case)
+            checked += 1
+    # A request's NaN reaches every rank: the same rejected request everywhere.
+    assert int(whole.status[2]) != 0 or CASES[-1][0] <= 2
+    with pytest.raises(ValueError, match="temperature"):
+        ddtree.accept_tree(whole, t[:, :, :1], temperature=0.7, group=dist.group.WORLD)
+    # Inconsistent starts are refused on every rank (no rank is left waiting).
+    with pytest.raises(ValueError, match="vocab_start"):
+        ddtree.build_tree(x[:, :, :2], roots % 2, prefix, budget=3, group=dist.group.WORLD,
+                          vocab_start=0)  # fmt: skip
+    with open(os.path.join(out_dir, f"rank{rank}"), "w") as f:
+        f.write(str(checked))
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("tp", [2, 3])
+def test_every_rank_builds_and_accepts_what_the_single_process_call_does(tp):
+    with tempfile.TemporaryDirectory() as d:
+        init = "file://" + os.path.join(d, "store")
+        mp.spawn(run_rank, args=(tp, init, d), nprocs=tp, join=True)
+        done = [open(os.path.join(d, f"rank{r}")).read() for r in range(tp)]
+    assert done == [str(2 * len(CASES))] * tp
+
+
+def test_a_group_needs_cpu_tensors_and_vocab_start_needs_a_group():
+    x = torch.zeros(1, 2, 8)
+    with pytest.raises(ValueError, match="vocab_start"):
+        ddtree.build_tree(x, [0], [0], budget=3, vocab_start=0)
+    tree = ddtree.build_tree(x, [0], [0], budget=3)
+    with pytest.raises(ValueError, match="vocab_start"):
+        ddtree.accept_tree(tree, torch.zeros(1, 4, 8), vocab_start=0)
+    from ddtree import _vocab_parallel
+
+    with pytest.raises(ValueError, match="draft_logits: a vocab-parallel call"):
+        _vocab_parallel.check_cpu(torch.empty(0, device="meta"), "draft_logits")
