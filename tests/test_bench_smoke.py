@@ -25,6 +25,22 @@ def test_bench_runs_at_a_tiny_size():
     assert "MISMATCH" not in proc.stdout, proc.stdout
 
 
+def test_the_vocab_parallel_bench_runs_two_ranks_at_a_tiny_size():
+    cmd = [sys.executable, "-m", "ddtree", "bench", "--vocab-parallel", "--bs", "1", "3",
+           "--tp", "2", "--vocab", "64", "--budget", "7", "--depth", "3",
+           "--repeats", "1"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split(" | ") for line in proc.stdout.splitlines()[2:]]
+    assert [r[:3] for r in rows] == [["1", "2", "7"], ["3", "2", "7"]], proc.stdout
+    assert all(r[-1] == "True" for r in rows), proc.stdout
+    # Bytes in per rank, per row: K*12 + 21 with partials, V/2 * 2 gathering bf16.
+    assert rows[0][3] == f"{3 * (7 * 12 + 21):,}" and rows[0][4] == f"{3 * 32 * 2:,}"
+    bad = subprocess.run([*cmd[:5], "--tp", "3", "--vocab", "64"], capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    assert bad.returncode == 2 and "--tp: each must divide" in bad.stderr
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU answer")
 def test_bench_on_cuda_without_a_gpu_exits_2():
     cmd = [sys.executable, "-m", "ddtree", "bench", "--device", "cuda", *TINY, *FAST]
@@ -80,14 +96,17 @@ def test_top_level_help_names_the_gpu_benchmarks():
 def test_bench_help_lists_every_mode_and_shows_the_defaults(capsys):
     assert exit_code(["bench", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
-    for flag in ("--loop", "--attention", "--host", "--device"):
+    for flag in ("--loop", "--attention", "--host", "--vocab-parallel", "--device"):
         assert flag in text, (flag, text)
     assert "--bs BS requests in the batch (default: 64)" in text, text
     assert "(default: cpu)" in text and "(default: bf16)" in text, text
     assert "(default: None)" not in text and "(default: False)" not in text, text
 
 
-@pytest.mark.parametrize("mode", [["--loop"], ["--host"], ["--attention"], ["--device", "cuda"]])
+MODES = [["--loop"], ["--host"], ["--attention"], ["--device", "cuda"], ["--vocab-parallel"]]
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_each_benchmarks_help_shows_its_defaults(mode, capsys):
     assert exit_code(["bench", *mode, "--help"]) == 0
     assert "(default: " in capsys.readouterr().out

@@ -56,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import bench_host
 
         return bench_host.main([a for a in argv[1:] if a != "--host"])
+    if argv[:1] == ["bench"] and "--vocab-parallel" in argv:  # and the vocab-parallel build
+        from . import bench_vocab_parallel
+
+        return bench_vocab_parallel.main([a for a in argv[1:] if a != "--vocab-parallel"])
     if argv[:1] == ["bench"] and _cuda_device(argv):  # and the GPU build's sweep
         from . import bench_gpu
 

@@ -8,7 +8,8 @@ accepts several tokens. Times are microseconds per request.
 ``--device cuda`` times the GPU build instead (``ddtree/bench_gpu.py``) and ``--loop`` a
 synthetic decode loop on the GPU (``ddtree/bench_loop.py``), ``--attention`` the tree verify
 attention (``ddtree/bench_attention.py``), ``--host`` the host time of each eager ``Stepper``
-call (``ddtree/bench_host.py``); each takes its own flags (``bench --loop --help``, ...).
+call (``ddtree/bench_host.py``), ``--vocab-parallel`` the vocab-parallel build on CPU ranks
+(``ddtree/bench_vocab_parallel.py``); each takes its own flags (``bench --loop --help``, ...).
 """
 
 from __future__ import annotations
@@ -110,6 +111,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="host time per eager Stepper call on CUDA against one torch op's launch, with "
         "its own flags (see ddtree/bench_host.py; routed there before parsing like --loop)",
+    )
+    p.add_argument(
+        "--vocab-parallel",
+        action="store_true",
+        help="the vocab-parallel build (group=) on CPU ranks against gathering the logits, "
+        "with its own flags (see ddtree/bench_vocab_parallel.py; routed there like --loop)",
     )
     p.add_argument(
         "--device",
