@@ -71,6 +71,19 @@ def same(a, b) -> bool:
     return True
 
 
+def SAMPLING(bs: int) -> list[dict]:
+    """Greedy; temperature alone (scalar, and per request with greedy ones among them), drawn
+    on the shards; top-k and top-p, drawn on the gathered rows. Every rank passes one seed."""
+    per_request = torch.tensor([0.0, 0.6, 1.7, 0.0][:bs] + [1.0] * max(0, bs - 4))
+    return [
+        {},
+        {"temperature": 0.8, "generator": 11},
+        {"temperature": per_request, "generator": 5},
+        {"temperature": 1.2, "top_k": 3, "generator": 2},
+        {"temperature": 0.9, "top_p": 0.6, "generator": 3},
+    ]
+
+
 CASES = [  # (bs, depth, vocab, budget, topk, dtype)
     (3, 4, 97, 15, None, torch.float32),
     (4, 3, 64, 1, None, torch.bfloat16),
@@ -96,15 +109,16 @@ def run_rank(rank: int, tp: int, init: str, out_dir: str) -> None:
             tree = ddtree.build_tree(shard, roots, prefix, budget=budget, topk=topk,
                                      group=dist.group.WORLD, **kw)  # fmt: skip
             assert same(tree, whole), (n, case)
-            t = target_case(n, whole, vocab)
-            acc = ddtree.accept_tree(whole, t[:, :, start : start + size],
-                                     group=dist.group.WORLD, **kw)  # fmt: skip
-            assert same(acc, ddtree.accept_tree(whole, t)), (n, case)
+            t = target_case(n, whole, vocab).to(dtype)
+            mine = t[:, :, start : start + size]
+            for sampling in SAMPLING(bs):
+                acc = ddtree.accept_tree(whole, mine, group=dist.group.WORLD, **kw, **sampling)
+                assert same(acc, ddtree.accept_tree(whole, t, **sampling)), (n, case, sampling)
             checked += 1
     # A request's NaN reaches every rank: the same rejected request everywhere.
     assert int(whole.status[2]) != 0 or CASES[-1][0] <= 2
-    with pytest.raises(ValueError, match="temperature"):
-        ddtree.accept_tree(whole, t[:, :, :1], temperature=0.7, group=dist.group.WORLD)
+    with pytest.raises(ValueError, match="temperature"):  # checked before any collective
+        ddtree.accept_tree(whole, t[:, :, :1], temperature=-0.7, group=dist.group.WORLD)
     # Inconsistent starts are refused on every rank (no rank is left waiting).
     with pytest.raises(ValueError, match="vocab_start"):
         ddtree.build_tree(x[:, :, :2], roots % 2, prefix, budget=3, group=dist.group.WORLD,

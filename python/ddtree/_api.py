@@ -70,8 +70,8 @@ def accept_tree(
     vocab_start=None,
 ) -> Acceptance:
     """SPEC stage 4: walk ``tree`` along the posterior tokens of ``target_logits``. With
-    ``group``, `target_logits` is this rank's vocabulary shard ``[bs, Q, V_r]`` (greedy
-    only for now) and every rank gets the single-process acceptance."""
+    ``group``, `target_logits` is this rank's vocabulary shard ``[bs, Q, V_r]`` and every
+    rank gets the single-process acceptance (sampling: give every rank the same seed)."""
     checked("tree", tree, Tree)
     acc = _buffers.new_acceptance(tree.batch_size, tree.depth, tree.device)
     if group is None:
@@ -79,13 +79,9 @@ def accept_tree(
             raise ValueError("vocab_start: only meaningful with group=")
         accept_into(tree, target_logits, acc, temperature, top_k, top_p, generator)
         return acc
-    if not (_sampling.is_greedy(temperature) and top_k is None and top_p is None):
-        raise ValueError(
-            "temperature: a vocab-parallel accept (group=) is greedy only for now; "
-            "sampling over shards is not implemented"
-        )
     t = check_target(tree, target_logits, whole_vocab=False)
-    _vocab_parallel.accept_into(tree, t, acc, group, vocab_start)
+    sampling = cpu_sampling(tree.batch_size, temperature, top_k, top_p, generator)
+    _vocab_parallel.accept_into(tree, t, acc, group, vocab_start, sampling)
     return acc
 
 

@@ -53,6 +53,14 @@ def merge_partials(
     ti: Tensor,
     eligible: Tensor,
 ) -> None: ...
+def shard_posteriors(
+    target_shard: Tensor,
+    start: int,
+    temperature: Tensor,
+    seed: int,
+    values: Tensor,
+    ids: Tensor,
+) -> None: ...
 def select_emit(
     eligible: Tensor,
     root_tokens: Tensor,

@@ -7,10 +7,11 @@ What crosses the ranks (``torch.distributed.all_gather`` on ``group``), per row 
 NaN flag, then its fixed-point exp-sum against the row's maximum — about 12·K + 21 bytes a
 row, where gathering the logits would move 2·V. The merge is ``ddtree-core``'s (Rust), the
 function the single-process path uses for stage 1's normaliser (`crates/ddtree-core/src/
-shard.rs`). The accept gathers each node's shard maximum and its first token.
+shard.rs`). The accept gathers each node's best value and token per shard (12 bytes a node).
 
-Supported here: CPU tensors (the gloo backend), greedy accept. CUDA tensors with a group and
-sampled accept over shards are refused with a message naming the argument.
+Supported here: CPU tensors (the gloo backend); greedy and temperature sampling on the shards
+(Gumbel-max keyed on the global token id, as the single-process CPU sampler draws), top-k /
+top-p by gathering the whole rows. CUDA tensors with a group are refused.
 """
 
 from __future__ import annotations
@@ -96,20 +97,55 @@ def build_into(x, roots, prefix, budget: int, topk, group, vocab_start) -> Tree:
     return tree
 
 
-def greedy_posterior(t: torch.Tensor, group, vocab_start) -> torch.Tensor:
-    """Each node's greedy posterior token ``[bs, Q]`` (global ids) from this rank's shard
-    `t` ``[bs, Q, V_r]``: the first maximum over the whole vocabulary, NaN counting as
-    ``-inf`` and token 0 where no value is above ``-inf`` — the single-process argmax."""
-    check_cpu(t, "target_logits")
+def posterior(t: torch.Tensor, group, vocab_start, temperature, seed: int) -> torch.Tensor:
+    """Each node's posterior token ``[bs, Q]`` (global ids) from this rank's shard `t`
+    ``[bs, Q, V_r]``: every rank's best (`_core.shard_posteriors`: the first maximum for a
+    greedy request, the Gumbel-max winner for a sampled one), then the best of those — the
+    larger value, then the lower id; token 0 where no rank has one. That is the
+    single-process posterior bit for bit: each token's value depends only on its logit,
+    its global id and the draw's coordinates."""
     start, _ = layout(t.shape[2], group, vocab_start)
-    x = t.float()
-    x = torch.where(torch.isnan(x), float("-inf"), x)
-    best, idx = x.max(-1)  # the first maximum of the shard
-    g_best, g_ids = gather(best, group), gather(idx + start, group)
-    top = g_best.max(0).values
-    first = torch.where(g_best == top, g_ids, INT64_MAX).min(0).values
-    return torch.where(top == float("-inf"), 0, first).contiguous()
+    bs, q, _ = t.shape
+    values = torch.empty(bs, q, dtype=torch.float64)
+    ids = torch.empty(bs, q, dtype=torch.int64)
+    _core.shard_posteriors(t, start, temperature.contiguous(), seed, values, ids)
+    g_values, g_ids = gather(values, group), gather(ids, group)
+    g_values = torch.where(g_ids >= 0, g_values, float("-inf"))
+    top = g_values.max(0).values
+    first = torch.where((g_values == top) & (g_ids >= 0), g_ids, INT64_MAX).min(0).values
+    return torch.where(first == INT64_MAX, 0, first).contiguous()
 
 
-def accept_into(tree: Tree, t: torch.Tensor, acc: Acceptance, group, vocab_start) -> None:
-    _cpu.accept_tokens_into(tree, greedy_posterior(t, group, vocab_start), acc)
+def whole_rows(t: torch.Tensor, group, vocab_start) -> torch.Tensor:
+    """The whole target rows ``[bs, Q, V]`` from every rank's shard (the top-k / top-p
+    filters need them): shards padded to the largest, gathered, put back in vocabulary
+    order."""
+    start, vocab = layout(t.shape[2], group, vocab_start)
+    where = gather(torch.tensor([start, t.shape[2]]), group)
+    width = int(where[:, 1].max())
+    padded = torch.zeros(*t.shape[:2], width, dtype=t.dtype)
+    padded[:, :, : t.shape[2]] = t
+    parts = gather(padded, group)
+    out = torch.empty(*t.shape[:2], vocab, dtype=t.dtype)
+    for r, (s, n) in enumerate(where.tolist()):
+        out[:, :, s : s + n] = parts[r, :, :, :n]
+    return out
+
+
+def accept_into(tree: Tree, t, acc: Acceptance, group, vocab_start, sampling) -> None:
+    """SPEC stage 4 over shards. `sampling`: `_api.cpu_sampling`'s (per-request (temperature,
+    top_k, top_p) tensors or None for greedy, seed); a request with top_k or top_p makes
+    every rank gather the whole rows and sample them as one process would."""
+    from ._api import cpu_accept_into
+
+    check_cpu(t, "target_logits")
+    params, seed = sampling
+    if params is None:
+        temperature = torch.zeros(tree.batch_size, dtype=torch.float64)
+    else:
+        temperature, top_k, top_p = params
+        if bool((top_k > 0).any()) or bool((top_p < 1).any()):
+            rows = whole_rows(t, group, vocab_start)
+            cpu_accept_into(tree, rows, acc, temperature, top_k, top_p, seed)
+            return
+    _cpu.accept_tokens_into(tree, posterior(t, group, vocab_start, temperature, seed), acc)

@@ -10,7 +10,7 @@ use ddtree_core::batch::{
 use ddtree_core::commit::kept_slots;
 use ddtree_core::emit::sees;
 use ddtree_core::logits::Logits3;
-use ddtree_core::sample::{sample_row, uniform, SamplingParams};
+use ddtree_core::sample::{sample_row, DrawKey, SamplingParams};
 use ddtree_core::status;
 
 fn random_logits(rng: &mut Rng, n: usize) -> Vec<f32> {
@@ -194,7 +194,12 @@ fn sampler_matches_the_filtered_distribution() {
     let freq = |p: SamplingParams| {
         let mut c = [0f64; 4];
         for n in 0..draws {
-            c[sample_row(view.row(0, 0), &p, uniform(9, 0, n))] += 1.0;
+            let key = DrawKey {
+                seed: 9,
+                request: 0,
+                node: n,
+            };
+            c[sample_row(view.row(0, 0), &p, key)] += 1.0;
         }
         c.map(|v| v / draws as f64)
     };
@@ -255,7 +260,11 @@ fn sampler_matches_the_filtered_distribution() {
                 top_k: 0,
                 top_p: 1.0
             },
-            0.99
+            DrawKey {
+                seed: 1,
+                request: 2,
+                node: 3
+            }
         ),
         0
     );

@@ -288,6 +288,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(shard::shard_partials, m)?)?;
     m.add_function(wrap_pyfunction!(shard::shard_sums, m)?)?;
     m.add_function(wrap_pyfunction!(shard::merge_partials, m)?)?;
+    m.add_function(wrap_pyfunction!(shard::shard_posteriors, m)?)?;
     m.add_function(wrap_pyfunction!(sglang_custom_mask, m)?)?;
     m.add_function(wrap_pyfunction!(tree_fields, m)?)?;
     m.add_function(wrap_pyfunction!(acceptance_fields, m)?)?;

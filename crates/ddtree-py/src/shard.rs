@@ -7,6 +7,7 @@ use crate::errors;
 use crate::tensor::{slice, slice_mut, tensor_arg, LogitsDtype, TensorArg};
 use ddtree_core::batch::{self, Partials};
 use ddtree_core::logits::{Element, Logits3};
+use ddtree_core::sample::SamplingParams;
 use half::{bf16, f16};
 use pyo3::prelude::*;
 
@@ -146,4 +147,44 @@ pub fn merge_partials(
     };
     py.detach(|| batch::merge_partials(&p, maxima, lp, ti, eligible))
         .map_err(errors::to_py)
+}
+
+/// Each node's posterior part on a target shard `[bs, Q, V_r]`: `values` float64 and `ids`
+/// int64 `[bs, Q]` (id -1: nothing in this shard), per-request `temperature` (float64 `[bs]`,
+/// 0 greedy), draws keyed by `seed`.
+#[pyfunction]
+pub fn shard_posteriors(
+    py: Python<'_>,
+    #[pyo3(from_py_with = tensor_arg)] target_shard: TensorArg,
+    start: usize,
+    #[pyo3(from_py_with = data_ptr)] temperature: usize,
+    seed: u64,
+    #[pyo3(from_py_with = data_ptr)] values: usize,
+    #[pyo3(from_py_with = data_ptr)] ids: usize,
+) -> PyResult<()> {
+    let (shape, _) = target_shard.shape3("target_logits")?;
+    let (bs, nodes) = (shape[0], shape[0] * shape[1]);
+    // SAFETY: contiguous tensors of these sizes (the Python layer allocates them).
+    let (t, values, ids) = unsafe {
+        (
+            slice::<f64>(temperature, bs),
+            slice_mut::<f64>(values, nodes),
+            slice_mut::<i64>(ids, nodes),
+        )
+    };
+    let params: Vec<SamplingParams> = t
+        .iter()
+        .map(|&temperature| SamplingParams {
+            temperature,
+            top_k: 0,
+            top_p: 1.0,
+        })
+        .collect();
+    on_logits(&target_shard, "target_logits", |view| {
+        py.detach(|| match view {
+            LogitsView::F32(l) => batch::shard_posteriors(l, start, &params, seed, values, ids),
+            LogitsView::F16(l) => batch::shard_posteriors(l, start, &params, seed, values, ids),
+            LogitsView::Bf16(l) => batch::shard_posteriors(l, start, &params, seed, values, ids),
+        })
+    })
 }

@@ -3,7 +3,7 @@
 use crate::accept::{walk, AcceptOut, TreeLinks};
 use crate::error::{ensure, Result};
 use crate::logits::{Element, Logits3};
-use crate::sample::{sample_row, uniform, SamplingParams};
+use crate::sample::{sample_row, DrawKey, SamplingParams};
 use rayon::prelude::*;
 
 /// Every `Acceptance` output of a batch, row-major and contiguous (`[bs, L+1]` and `[bs]`).
@@ -92,8 +92,12 @@ pub fn accept_tree<T: Element>(
                 } => walk(
                     links.request(b),
                     |i| {
-                        let u = uniform(*seed, b as u64, i as u64);
-                        sample_row(target.row(b, i), &params[b], u) as i64
+                        let key = DrawKey {
+                            seed: *seed,
+                            request: b as u64,
+                            node: i as u64,
+                        };
+                        sample_row(target.row(b, i), &params[b], key) as i64
                     },
                     base,
                     row_out,

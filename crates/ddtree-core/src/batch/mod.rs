@@ -12,7 +12,7 @@ pub use accept::{accept_tree, AcceptBuffers, BatchLinks, Posterior};
 pub use build::{build_from_candidates, build_tree, TreeBuffers};
 pub use fields::{acceptance_fields, tree_fields, Elem, Field};
 pub use mask::full_masks;
-pub use shard::{merge_partials, shard_partials, shard_sums, Partials};
+pub use shard::{merge_partials, shard_partials, shard_posteriors, shard_sums, Partials};
 
 use crate::emit::mask_words;
 use crate::error::{ensure, Result};

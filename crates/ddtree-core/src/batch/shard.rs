@@ -3,6 +3,7 @@
 
 use crate::error::{ensure, Result};
 use crate::logits::{Element, Logits3};
+use crate::sample::{shard_posterior, DrawKey, SamplingParams};
 use crate::shard::{merge_row, shard_top};
 use rayon::prelude::*;
 
@@ -134,4 +135,43 @@ fn merge_one(
         sum += ((h[0] as i128) << 64) | (h[1] as u64 as i128);
     }
     merge_row(&values, &ids, max, sum, lp, ti).eligible as i32
+}
+
+/// Each node's [`shard_posterior`] of a target shard `[bs, Q, V_r]` (global ids from
+/// `start`) into `values` / `ids` `[bs, Q]`, draws keyed by `seed`. Requests with `top_k`
+/// or `top_p` are refused: those filters need the whole row.
+pub fn shard_posteriors<T: Element>(
+    target: Logits3<'_, T>,
+    start: usize,
+    params: &[SamplingParams],
+    seed: u64,
+    values: &mut [f64],
+    ids: &mut [i64],
+) -> Result<()> {
+    let [bs, q, _] = target.shape();
+    ensure(params.len() == bs, "temperature", || {
+        format!("has {} entries, the batch has {bs}", params.len())
+    })?;
+    ensure(
+        params.iter().all(|p| p.top_k == 0 && p.top_p >= 1.0),
+        "top_k",
+        || "a vocab-parallel sampled accept takes temperature alone".into(),
+    )?;
+    ensure(values.len() == bs * q && ids.len() == bs * q, "out", || {
+        format!("values and ids must hold {bs} x {q} nodes")
+    })?;
+    values
+        .par_iter_mut()
+        .zip(ids.par_iter_mut())
+        .enumerate()
+        .for_each(|(n, (v, id))| {
+            let (b, i) = (n / q, n % q);
+            let key = DrawKey {
+                seed,
+                request: b as u64,
+                node: i as u64,
+            };
+            (*v, *id) = shard_posterior(target.row(b, i), start, &params[b], key);
+        });
+    Ok(())
 }
