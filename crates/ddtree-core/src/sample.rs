@@ -169,22 +169,12 @@ fn filter_top_k_top_p(weights: &mut [(f64, usize)], p: &SamplingParams) -> usize
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::logits::Logits3;
-
-    fn row_of(data: &[f32]) -> Logits3<'_, f32> {
-        Logits3::new("x", data, [1, 1, data.len()], [0, 0, 1]).unwrap()
-    }
+    use crate::shard::split::{bounds, row_of};
 
     /// The best of the shards' posteriors (value, then lower id; none: token 0).
     fn over_shards(data: &[f32], cuts: &[usize], p: &SamplingParams, key: DrawKey) -> usize {
-        let bounds: Vec<usize> = [0]
-            .iter()
-            .chain(cuts)
-            .chain([data.len()].iter())
-            .copied()
-            .collect();
         let mut best = (f64::NEG_INFINITY, -1i64);
-        for w in bounds.windows(2) {
+        for w in bounds(cuts, data.len()).windows(2) {
             let (v, id) = shard_posterior(row_of(&data[w[0]..w[1]]).row(0, 0), w[0], p, key);
             if id >= 0 && (best.1 < 0 || v > best.0 || (v == best.0 && id < best.1)) {
                 best = (v, id);

@@ -85,30 +85,40 @@ pub fn merge_row(
     RowCandidates { eligible, z }
 }
 
+/// Rows and their splits for the shard tests (here and in `sample`).
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::candidates::{candidates, exp_sum};
+pub(crate) mod split {
     use crate::logits::Logits3;
 
-    fn row_of(data: &[f32]) -> Logits3<'_, f32> {
+    /// `data` as a one-row logits tensor.
+    pub fn row_of(data: &[f32]) -> Logits3<'_, f32> {
         Logits3::new("x", data, [1, 1, data.len()], [0, 0, 1]).unwrap()
     }
+
+    /// The shard bounds `[0, cuts.., len]` of a row cut at `cuts`.
+    pub fn bounds(cuts: &[usize], len: usize) -> Vec<usize> {
+        [0].iter()
+            .chain(cuts)
+            .chain([len].iter())
+            .copied()
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split::{bounds, row_of};
+    use super::*;
+    use crate::candidates::{candidates, exp_sum};
 
     /// Splits `data` at `cuts`, merges the shards' partials, and compares with the whole.
     fn merged_equals_whole(data: &[f32], cuts: &[usize], k: usize) {
         let whole = row_of(data);
         let (mut lp, mut ti) = (vec![0f32; k], vec![0i64; k]);
         let want = candidates(whole.row(0, 0), &mut lp, &mut ti).unwrap();
-        let bounds: Vec<usize> = [0]
-            .iter()
-            .chain(cuts)
-            .chain([data.len()].iter())
-            .copied()
-            .collect();
         let (mut values, mut ids, mut max) = (vec![], vec![], f32::NEG_INFINITY);
         let mut shards = vec![];
-        for w in bounds.windows(2) {
+        for w in bounds(cuts, data.len()).windows(2) {
             let shard = row_of(&data[w[0]..w[1]]);
             let (mut v, mut i) = (vec![0f32; k], vec![0i64; k]);
             max = max.max(shard_top(shard.row(0, 0), w[0], &mut v, &mut i).unwrap());
