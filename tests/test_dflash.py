@@ -236,6 +236,34 @@ def test_two_training_steps_lower_the_loss_and_a_checkpoint_resumes_exactly(tmp_
     assert all(f.stat().st_size <= td.SHARD_BYTES + 2**16 for f in (tmp_path / "ck").glob("*.pt"))
 
 
+def test_the_distillation_loss_is_the_cross_entropy_against_the_targets_distribution():
+    from ddtree.demo import datagen
+    from ddtree.demo import train_drafter as td
+
+    target, cfg, w, _ = drafter_setup(layers=1)
+    g = torch.Generator().manual_seed(11)
+    ids = [torch.randint(2, 97, (int(k),), generator=g).tolist() for k in (5, 7, 6)]
+    data = td.generate(target, ids, cfg, max_new=8, device="cpu", bs=2, seed=0,
+                       policy=datagen.Policy(0.5), final=True)  # fmt: skip
+    engine = Engine(target, Pool(target, 1, 40, 4, "cpu", torch.float32), draft_layers=1)
+    at = td.anchors(data, 3, cfg.block, torch.Generator().manual_seed(1))
+    logits = dflash.block_logits(w, cfg, target.embed, data.taps, data.tokens, at)
+    got = td.soft_ce(logits, data, at, target.embed)
+    labelled = [(n, a, i) for n in range(len(data)) for a in range(3) for i in range(cfg.block)
+                if int(at[n, a]) + 1 + i < int(data.lengths[n])]  # fmt: skip
+    assert len(labelled) >= 6
+    for n, a, i in labelled:
+        pos = int(at[n, a]) + i  # the target's distribution for the token after pos
+        seq = data.tokens[n, : pos + 1].tolist()
+        want = engine.prefill(0, seq).log_softmax(-1)
+        expect = -(want.exp() * logits[n, a, i].log_softmax(-1)).sum()
+        torch.testing.assert_close(got[n, a, i], expect, atol=1e-4, rtol=1e-4)
+    # soft = 0 is the argmax loss; soft = 1 the distribution's alone.
+    hard = td.loss_of(w, cfg, target.embed, data, at, 2.0)
+    assert torch.equal(td.loss_of(w, cfg, target.embed, data, at, 2.0, soft=0.0), hard)
+    assert not torch.equal(td.loss_of(w, cfg, target.embed, data, at, 2.0, soft=1.0), hard)
+
+
 def test_saved_weights_load_with_their_config(tmp_path):
     from ddtree.demo import train_drafter as td
 
@@ -269,7 +297,7 @@ def test_the_training_job_runs_resumes_and_writes_its_record(tmp_path):
         device="cpu", layers=1, block=4, taps=(0, 2), prompts=12, max_new_tokens=6, steps=3,
         minutes=5.0, batch=4, anchors=3, gamma=2.0, lr=1e-3, every=1, seed=0, out=str(tmp_path),
         save_minutes=0.0, checkpoint_moments="bfloat16", samples=2, gen_batch=4, branch=0.5,
-        temperature=1.0,
+        temperature=1.0, soft=0.5,
     )  # fmt: skip
     lines = []
     record = td.train(target, tok, args, log=lines.append)

@@ -148,10 +148,13 @@ def _cut(row: list[int], eos: int) -> list[int]:
 
 
 @torch.no_grad()
-def annotate(engine: Engine, seqs: list[list[int]], taps, out_taps, out_labels) -> None:
+def annotate(engine: Engine, seqs: list[list[int]], taps, out_taps, out_labels,
+             out_final=None) -> None:  # fmt: skip
     """For each sequence: the hidden states after the `taps` layers side by side into
     ``out_taps[n, :len]`` and, into ``out_labels[n, 1:len]``, the target's argmax after each
-    prefix (the greedy choice for position t given tokens 0..t-1)."""
+    prefix (the greedy choice for position t given tokens 0..t-1); with `out_final`, the
+    final normed hidden state at each position into ``out_final[n, :len]`` (its product
+    with the embedding is the target's next-token logits there)."""
     dev = engine.device
     for lo in range(0, len(seqs), LABEL_CHUNK):
         chunk = seqs[lo : lo + LABEL_CHUNK]
@@ -161,7 +164,10 @@ def annotate(engine: Engine, seqs: list[list[int]], taps, out_taps, out_labels) 
             tokens[b, : len(s)] = torch.tensor(s)
         h, kept = DenseBatch(engine, len(chunk), width).prefill(tokens, keep=taps)
         hidden = torch.cat(kept, dim=2)
-        best = (engine.norm(h, engine.w.norm) @ engine.w.embed.T).argmax(-1)
+        final = engine.norm(h, engine.w.norm)
+        best = (final @ engine.w.embed.T).argmax(-1)
         for b, s in enumerate(chunk):
             out_taps[lo + b, : len(s)] = hidden[b, : len(s)]
             out_labels[lo + b, 1 : len(s)] = best[b, : len(s) - 1]
+            if out_final is not None:
+                out_final[lo + b, : len(s)] = final[b, : len(s)]

@@ -11,6 +11,8 @@
 2. Training (DFlash's recipe): random anchor positions per sequence, the block after each
    anchor predicted at once, cross-entropy weighted by exp(-i / gamma) over block position
    i, AdamW, linear warmup then cosine decay, gradient clipping. The target stays frozen.
+   With ``--soft W`` the cross-entropy is against (1 − W) of the target's argmax and W of
+   its whole next-token distribution (distillation: a tree ranks the draft's runners-up too).
 3. Checkpoints: ``DIR/checkpoint/`` holds the weights and the optimizer's moments in shards of
    at most 15 MB (what one device call brings back) and ``state.json``; a later run with the
    same ``--out`` resumes there. ``DIR/drafter.safetensors`` holds the weights alone in bf16, with
@@ -108,22 +110,25 @@ class Data:
     labels: torch.Tensor
     lengths: torch.Tensor
     starts: torch.Tensor
+    # The target's final normed hidden state [N, T, H] (for a distillation loss), or None.
+    final: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
 
     def take(self, idx: torch.Tensor) -> Data:
+        final = None if self.final is None else self.final[idx]
         return Data(self.tokens[idx], self.taps[idx], self.labels[idx], self.lengths[idx],
-                    self.starts[idx])  # fmt: skip
+                    self.starts[idx], final)  # fmt: skip
 
 
 def generate(target, prompt_ids: list[list[int]], cfg: dflash.DraftConfig, max_new: int,
              device, bs: int = 256, seed: int = 0, samples: int = 1,
-             policy: datagen.Policy = BRANCHING, log=None) -> Data:  # fmt: skip
+             policy: datagen.Policy = BRANCHING, log=None, final=False) -> Data:  # fmt: skip
     """The target's responses to `prompt_ids` (`datagen.respond`, `bs` prompts at once):
     one greedy response per prompt and ``samples`` − 1 more that follow `policy`; then each
-    sequence's tapped hidden states and labels (`datagen.annotate`); `log` gets a line
-    per copy."""
+    sequence's tapped hidden states and labels (`datagen.annotate`, and with `final` the
+    target's final hidden states); `log` gets a line per copy."""
     t0 = time.perf_counter()
     g = torch.Generator(device).manual_seed(seed)
     width = max(map(len, prompt_ids)) + max_new
@@ -148,9 +153,11 @@ def generate(target, prompt_ids: list[list[int]], cfg: dflash.DraftConfig, max_n
     taps = torch.zeros(len(seqs), width, len(cfg.taps) * target.config.hidden,
                        dtype=target.embed.dtype, device=device)  # fmt: skip
     labels = torch.full((len(seqs), width), -100, dtype=torch.int64, device=device)
-    datagen.annotate(engine, seqs, cfg.taps, taps, labels)
+    last = torch.zeros(len(seqs), width, target.config.hidden, dtype=target.embed.dtype,
+                       device=device) if final else None  # fmt: skip
+    datagen.annotate(engine, seqs, cfg.taps, taps, labels, last)
     return Data(tokens.to(device), taps, labels, torch.tensor(list(map(len, seqs)),
-                device=device), torch.tensor(starts, device=device))  # fmt: skip
+                device=device), torch.tensor(starts, device=device), last)  # fmt: skip
 
 
 def anchors(data: Data, per_seq: int, block: int, g: torch.Generator) -> torch.Tensor:
@@ -171,14 +178,31 @@ def targets(data: Data, at: torch.Tensor, block: int) -> torch.Tensor:
     return torch.where(ok, tok.view_as(pos), -100)
 
 
-def loss_of(w, cfg, embed, data: Data, at: torch.Tensor, gamma: float) -> torch.Tensor:
-    """DFlash's loss: cross-entropy per block position, weighted by exp(-i / gamma)."""
+def loss_of(w, cfg, embed, data: Data, at: torch.Tensor, gamma: float,
+            soft: float = 0.0) -> torch.Tensor:  # fmt: skip
+    """DFlash's loss: cross-entropy per block position, weighted by exp(-i / gamma). With
+    `soft` > 0 the cross-entropy is against a mix: (1 − soft) of the target's argmax and
+    `soft` of its whole next-token distribution there (distillation; needs `data.final`)."""
     logits = dflash.block_logits(w, cfg, embed, data.taps.to(embed.dtype), data.tokens, at)
     want = targets(data, at, cfg.block)
     ce = F.cross_entropy(logits.flatten(0, 2), want.flatten(), reduction="none",
                          ignore_index=-100).view_as(want)  # fmt: skip
+    if soft > 0:
+        ce = (1 - soft) * ce + soft * soft_ce(logits, data, at, embed)
     weight = torch.exp(-torch.arange(cfg.block, device=ce.device) / gamma) * (want >= 0)
     return (ce * weight).sum() / weight.sum().clamp(min=1)
+
+
+def soft_ce(logits: torch.Tensor, data: Data, at: torch.Tensor, embed) -> torch.Tensor:
+    """Cross-entropy [N, A, L] of the draft `logits` against the target's next-token
+    distribution at each block position's label (the target's final hidden state one
+    position before it, times the tied embedding)."""
+    pos = (at.unsqueeze(2) + torch.arange(logits.shape[2], device=at.device)).clamp(
+        max=data.final.shape[1] - 1)  # fmt: skip
+    n, a, L = pos.shape
+    h = data.final.gather(1, pos.view(n, a * L, 1).expand(-1, -1, data.final.shape[2]))
+    want = (h.to(embed.dtype) @ embed.T).log_softmax(-1).view(n, a, L, -1)
+    return -(want.exp() * logits.log_softmax(-1)).sum(-1)
 
 
 @torch.no_grad()
@@ -207,8 +231,8 @@ class Trainer:
     """AdamW over the drafter's weights (fp32 masters) with the schedule of `lr_at`."""
 
     def __init__(self, w: dflash.DraftWeights, cfg, embed, steps: int, peak=6e-4, seed=0,
-                 moments_dtype=torch.float32):  # fmt: skip
-        self.w, self.cfg, self.embed = w, cfg, embed
+                 moments_dtype=torch.float32, soft: float = 0.0):  # fmt: skip
+        self.w, self.cfg, self.embed, self.soft = w, cfg, embed, soft
         # Checkpoints keep Adam's moments in this dtype (bf16 halves what a device call
         # must bring back; float32 resumes bit for bit on the CPU).
         self.moments_dtype = moments_dtype
@@ -226,7 +250,7 @@ class Trainer:
         at = anchors(part, per_seq, self.cfg.block, self.g)
         for group in self.opt.param_groups:
             group["lr"] = lr_at(self.step, self.steps, self.peak, self.warmup)
-        loss = loss_of(self.w, self.cfg, self.embed, part, at, gamma)
+        loss = loss_of(self.w, self.cfg, self.embed, part, at, gamma, self.soft)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.params, 1.0)
@@ -313,13 +337,16 @@ def draft_block(path) -> int:
 def train(target, tok, args, log=print) -> dict:
     """The whole job (data, then steps until `args.steps` or `args.minutes`), resumable."""
     device = torch.device(args.device)
+    if not 0 <= args.soft <= 1:
+        raise ValueError(f"soft: must be in [0, 1], got {args.soft}")
     cfg = dflash.DraftConfig(target.config, args.layers, args.block, tuple(args.taps))
     texts = prompts()[: args.prompts]
     train_texts, held_texts = split(texts)
     t0 = time.perf_counter()
     policy = datagen.Policy(args.branch, args.temperature)
     data = generate(target, [tok.chat(p) for p in train_texts], cfg, args.max_new_tokens,
-                    device, args.gen_batch, args.seed, args.samples, policy, log)  # fmt: skip
+                    device, args.gen_batch, args.seed, args.samples, policy, log,
+                    final=args.soft > 0)  # fmt: skip
     held = generate(target, [tok.chat(p) for p in held_texts], cfg, args.max_new_tokens,
                     device, args.gen_batch, args.seed + 1)  # fmt: skip
     gen_s = time.perf_counter() - t0
@@ -329,12 +356,13 @@ def train(target, tok, args, log=print) -> dict:
     w = dflash.DraftWeights.init(cfg, args.seed).to(device)
     embed = target.embed.float()  # the frozen LM head, fp32 beside the fp32 master weights
     moments = getattr(torch, args.checkpoint_moments)
-    trainer = Trainer(w, cfg, embed, args.steps, args.lr, args.seed, moments)
+    trainer = Trainer(w, cfg, embed, args.steps, args.lr, args.seed, moments, args.soft)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     record = {"seed": args.seed, "sequences": len(data), "response_tokens": tokens,
               "samples": args.samples, "branch": args.branch,
-              "temperature": args.temperature, "data_seconds": round(gen_s, 1)}  # fmt: skip
+              "temperature": args.temperature, "soft": args.soft,
+              "data_seconds": round(gen_s, 1)}  # fmt: skip
     if (out / "checkpoint" / "state.json").exists():
         state = trainer.load(out / "checkpoint")
         # The time spent, and which step the weights file holds (a resumed run replaces it
@@ -403,6 +431,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=16, help="sequences per step (default: 16)")
     p.add_argument("--anchors", type=int, default=16, help="anchors per sequence (default: 16)")
     p.add_argument("--gamma", type=float, default=4.0, help="loss decay (default: 4)")
+    p.add_argument("--soft", type=float, default=0.0,
+                   help="weight of the target's whole next-token distribution in the loss, "
+                   "against its argmax (distillation; default: 0)")  # fmt: skip
     p.add_argument("--lr", type=float, default=6e-4, help="peak learning rate (default: 6e-4)")
     p.add_argument("--every", type=int, default=100, help="log every N steps (default: 100)")
     p.add_argument("--seed", type=int, default=0, help="default: 0")
