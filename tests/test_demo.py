@@ -180,8 +180,9 @@ def test_eos_inside_an_accepted_path_finishes_the_request_and_drops_what_follows
     assert s.tokens() == [[1, 4, EOS], [2, 6, 2, 2], [3, 7, 3]]
     assert s.prefix.tolist()[0] == 13 and s.roots.tolist()[0] == 5
     assert s.mean_accepted() == pytest.approx((5 + 3) / 5)
-    # Tokens committed per round, only while a request ran.
-    assert s.accept_rows() == [[3], [1, 2], [1, 1]]
+    # Tokens kept per round, only while a request ran (request 0's EOS cut its round at 2).
+    assert s.accept_rows() == [[2], [1, 2], [1, 1]]
+    assert [1 + sum(r) for r in s.accept_rows()] == [len(t) for t in s.tokens()]
 
 
 def test_max_new_tokens_reached_mid_round_cuts_the_round_there():
@@ -193,6 +194,9 @@ def test_max_new_tokens_reached_mid_round_cuts_the_round_there():
     assert int(s.finished) == 2
     commit(s, [[4, 5, 6], [7, 7, 7], [8, 8, 8]], [3, 3, 3], [6, 7, 8])
     assert int(s.finished) == 3 and s.tokens()[2] == [3, 8, 8, 8]
+    # The per-round record counts what the cut keeps: 1 + its sum is each request's length.
+    assert s.accept_rows() == [[3], [1, 2], [1, 1, 1]]
+    assert [1 + sum(r) for r in s.accept_rows()] == [len(t) for t in s.tokens()]
 
 
 def test_a_first_token_that_ends_the_turn_finishes_at_the_start():

@@ -104,3 +104,10 @@ def test_per_request_temperature_zero_is_greedy():
     tokens = first_new_tokens(400, 9, temperature=temps)
     assert (tokens[::2] == 0).all()  # argmax of LOGITS
     assert len(set(tokens[1::2].tolist())) > 1
+
+
+def test_a_temperature_too_small_to_divide_by_is_refused():
+    """1 / 1e-310 is inf: the scaled logits would be NaN or inf, and the draw wrong."""
+    with pytest.raises(ValueError, match="temperature: a positive temperature must have"):
+        first_new_tokens(2, 0, temperature=1e-310)
+    assert (first_new_tokens(50, 0, temperature=1e-300) == 0).all()  # tiny but usable: argmax

@@ -119,12 +119,31 @@ def run_rank(rank: int, tp: int, init: str, out_dir: str) -> None:
     assert int(whole.status[2]) != 0 or CASES[-1][0] <= 2
     with pytest.raises(ValueError, match="temperature"):  # checked before any collective
         ddtree.accept_tree(whole, t[:, :, :1], temperature=-0.7, group=dist.group.WORLD)
+    # The seed is group rank 0's: ranks given different ones still draw alike, here on the
+    # gathered rows (top_k) and on the shards (temperature alone).
+    for extra in ({"top_k": 3}, {}):
+        got = ddtree.accept_tree(whole, t[:, :, start : start + size], temperature=1.2,
+                                 generator=100 + rank, group=dist.group.WORLD,
+                                 **kw, **extra)  # fmt: skip
+        want = ddtree.accept_tree(whole, t, temperature=1.2, generator=100, **extra)
+        assert same(got, want), extra
+    # A rank that refuses its arguments makes every rank raise (none is left waiting), and
+    # so do arguments that differ between ranks.
+    with pytest.raises(ValueError, match="budget" if rank == 0 else "rank 0 refused"):
+        ddtree.build_tree(x[:, :, :3], roots, prefix, budget=min(rank, 3),
+                          group=dist.group.WORLD)  # fmt: skip
+    with pytest.raises(ValueError, match="different shapes"):  # one rank's roots differ
+        ddtree.build_tree(x[:, :, :3], roots + (rank == 1), prefix, budget=3,
+                          group=dist.group.WORLD)  # fmt: skip
+    with pytest.raises(ValueError, match="different shapes"):
+        ddtree.build_tree(x[:, :, :3], roots, prefix, budget=3 + rank, group=dist.group.WORLD)
     # Inconsistent starts are refused on every rank (no rank is left waiting).
     with pytest.raises(ValueError, match="vocab_start"):
         ddtree.build_tree(x[:, :, :2], roots % 2, prefix, budget=3, group=dist.group.WORLD,
                           vocab_start=0)  # fmt: skip
     with open(os.path.join(out_dir, f"rank{rank}"), "w") as f:
         f.write(str(checked))
+    dist.barrier()  # no rank tears its connections down while another still reads them
     dist.destroy_process_group()
 
 

@@ -16,11 +16,12 @@ def build_tree(
     """SPEC stages 1–3: draft logits ``[bs, L, V]`` → the verify inputs of every request.
     With ``group`` (a ``torch.distributed`` process group), `draft_logits` is this rank's
     vocabulary shard ``[bs, L, V_r]`` and every rank gets the single-process tree."""
-    x, roots, prefix, budget, topk = check_build(
-        draft_logits, root_tokens, prefix_lens, budget, topk, whole_vocab=group is None
-    )
     if group is not None:
-        return _vocab_parallel.build_into(x, roots, prefix, budget, topk, group, vocab_start)
+        args = (draft_logits, root_tokens, prefix_lens, budget, topk)
+        return _vocab_parallel.build_tree(args, group, vocab_start)
+    x, roots, prefix, budget, topk = check_build(
+        draft_logits, root_tokens, prefix_lens, budget, topk
+    )
     if vocab_start is not None:
         raise ValueError("vocab_start: only meaningful with group=")
     bs, depth, vocab = x.shape
@@ -79,9 +80,8 @@ def accept_tree(
             raise ValueError("vocab_start: only meaningful with group=")
         accept_into(tree, target_logits, acc, temperature, top_k, top_p, generator)
         return acc
-    t = check_target(tree, target_logits, whole_vocab=False)
-    sampling = cpu_sampling(tree.batch_size, temperature, top_k, top_p, generator)
-    _vocab_parallel.accept_into(tree, t, acc, group, vocab_start, sampling)
+    sampling = (temperature, top_k, top_p, generator)
+    _vocab_parallel.accept_into(tree, target_logits, acc, group, vocab_start, sampling)
     return acc
 
 
@@ -180,6 +180,8 @@ def sampling_params(bs: int, temperature, top_k, top_p):
     p = _per_request("top_p", top_p, bs, torch.float64, 1.0, numbers.Real)
     if not bool(torch.isfinite(temp).all()) or bool((temp < 0).any()):
         raise ValueError(_sampling.TEMPERATURE_RULE)
+    if bool(((temp > 0) & torch.isinf(1 / temp)).any()):
+        raise ValueError("temperature: a positive temperature must have a finite inverse")
     if bool(((p <= 0) | (p > 1) | torch.isnan(p)).any()):
         raise ValueError(_sampling.TOP_P_RULE)
     if bool((temp == 0).all()):

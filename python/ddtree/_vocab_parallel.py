@@ -11,7 +11,9 @@ shard.rs`). The accept gathers each node's best value and token per shard (12 by
 
 Supported here: CPU tensors (the gloo backend); greedy and temperature sampling on the shards
 (Gumbel-max keyed on the global token id, as the single-process CPU sampler draws), top-k /
-top-p by gathering the whole rows. CUDA tensors with a group are refused.
+top-p by gathering the whole rows. CUDA tensors with a group are refused. Every call first
+gathers each rank's argument checks (`agree`): a rank that refuses its arguments makes every
+rank raise, rather than leaving the others waiting in a collective.
 """
 
 from __future__ import annotations
@@ -60,6 +62,41 @@ def layout(v_local: int, group, vocab_start) -> tuple[int, int]:
     return int(starts[rank]), int(ends[-1])
 
 
+def checksum(x: torch.Tensor) -> int:
+    """An order-sensitive 64-bit digest of an integer or float tensor's values."""
+    x = x.contiguous().flatten()
+    bits = x.view(torch.int64) if x.element_size() == 8 else x.long()
+    return int((bits * torch.arange(1, bits.numel() + 1)).sum())
+
+
+def agree(group, check) -> object:
+    """Runs the argument checks `check()` (which returns (result, signature ints)) on every
+    rank, then compares: a rank whose check raised re-raises it, and every other rank raises
+    a ValueError naming that rank — so no rank is left waiting in a later collective, and no
+    rank goes on with arguments (shapes, roots, sampling) that differ from another's."""
+    try:
+        result, signature = check()
+        error = None
+    except (TypeError, ValueError) as e:
+        result, signature, error = None, [], e
+    width = 12
+    mine = torch.zeros(width + 1, dtype=torch.int64)
+    mine[0] = error is not None
+    mine[1 : 1 + len(signature)] = torch.tensor(signature, dtype=torch.int64)
+    every = gather(mine, group)
+    if error is not None:
+        raise error
+    failed = every[:, 0].nonzero().flatten().tolist()
+    if failed:
+        raise ValueError(f"group: rank {failed[0]} refused its arguments (its error names them)")
+    if not bool((every[:, 1:] == every[0, 1:]).all()):
+        raise ValueError(
+            "group: the ranks called with different shapes, token ids, prefix lengths or "
+            "sampling parameters; every rank must pass the same ones (its own logits aside)"
+        )
+    return result
+
+
 def check_cpu(x: torch.Tensor, name: str) -> None:
     if x.device.type != "cpu":
         raise ValueError(
@@ -68,12 +105,30 @@ def check_cpu(x: torch.Tensor, name: str) -> None:
         )
 
 
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def build_tree(args: tuple, group, vocab_start) -> Tree:
+    """`ddtree.build_tree`'s arguments (draft logits, roots, prefix, budget, topk) with
+    this rank's shard as the draft logits: checked and agreed on every rank, then built."""
+    from ._api import check_build
+
+    def check():
+        x, roots, prefix, budget, topk = checked = check_build(*args, whole_vocab=False)
+        check_cpu(x, "draft_logits")
+        sig = [*x.shape[:2], budget, topk or 0, DTYPES.index(x.dtype), checksum(roots),
+               checksum(prefix)]  # fmt: skip
+        return checked, sig
+
+    x, roots, prefix, budget, topk = agree(group, check)
+    return build_into(x, roots, prefix, budget, topk, group, vocab_start)
+
+
 def build_into(x, roots, prefix, budget: int, topk, group, vocab_start) -> Tree:
-    """SPEC stages 1–3 on this rank's shard `x` ``[bs, L, V_r]`` (checked)."""
+    """SPEC stages 1–3 on this rank's shard `x` ``[bs, L, V_r]`` (checked and agreed)."""
     from ._api import k_of
     from ._validate import in_vocab
 
-    check_cpu(x, "draft_logits")
     bs, depth, v_local = x.shape
     start, vocab = layout(v_local, group, vocab_start)
     in_vocab("root_tokens", roots, vocab)
@@ -132,14 +187,27 @@ def whole_rows(t: torch.Tensor, group, vocab_start) -> torch.Tensor:
     return out
 
 
-def accept_into(tree: Tree, t, acc: Acceptance, group, vocab_start, sampling) -> None:
-    """SPEC stage 4 over shards. `sampling`: `_api.cpu_sampling`'s (per-request (temperature,
-    top_k, top_p) tensors or None for greedy, seed); a request with top_k or top_p makes
-    every rank gather the whole rows and sample them as one process would."""
-    from ._api import cpu_accept_into
+def accept_into(tree: Tree, target, acc: Acceptance, group, vocab_start, sampling) -> None:
+    """SPEC stage 4 over shards: `target` is this rank's shard, `sampling` the (temperature,
+    top_k, top_p, generator) of `ddtree.accept_tree`. The seed is group rank 0's, so the
+    ranks draw alike. A request with top_k or top_p makes every rank gather the whole rows
+    and sample them as one process would."""
+    from ._api import check_target, cpu_accept_into, sampling_params, seed_of
 
-    check_cpu(t, "target_logits")
-    params, seed = sampling
+    temperature, top_k, top_p, generator = sampling
+
+    def check():
+        t = check_target(tree, target, whole_vocab=False)
+        check_cpu(t, "target_logits")
+        params = sampling_params(tree.batch_size, temperature, top_k, top_p)
+        seed = 0 if params is None else seed_of(generator)  # checks generator, then draws
+        sig = [*t.shape[:2], DTYPES.index(t.dtype), checksum(tree.verify_ids)]
+        sig += [checksum(x) for x in params] if params is not None else [0, 0, 0]
+        return (t, params, seed), sig
+
+    t, params, seed = agree(group, check)
+    if params is not None:
+        seed = int(gather(torch.tensor([seed]), group)[0])
     if params is None:
         temperature = torch.zeros(tree.batch_size, dtype=torch.float64)
     else:

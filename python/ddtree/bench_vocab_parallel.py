@@ -74,6 +74,7 @@ def rank_main(rank: int, tp: int, init: str, args, out_path: str) -> None:
         with open(out_path, "a") as f:
             for r in rows:
                 f.write(",".join(map(str, r)) + "\n")
+    dist.barrier()  # no rank tears its connections down while another still reads them
     dist.destroy_process_group()
 
 

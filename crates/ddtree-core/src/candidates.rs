@@ -122,13 +122,16 @@ fn logsumexp<T: Element>(row: Row<'_, T>, max: f32) -> f32 {
 /// for a 262144-token row: far below one fp32 ulp of `Z`.
 pub const SUM_UNIT: f64 = (1u128 << 80) as f64;
 
-/// The fixed-point sum of `exp(x - max)` over a row (or a shard of one), in units of
-/// [`SUM_UNIT`]`^-1`.
+/// The fixed-point sum of `exp(x - max)` over the finite values of a row (or a shard of
+/// one), in units of [`SUM_UNIT`]`^-1`. NaN and `+inf` add nothing: a row holding them is
+/// rejected anyway, and a shard's sums run before the ranks know that.
 pub fn exp_sum<T: Element>(row: Row<'_, T>, max: f32) -> i128 {
     let m = max as f64;
     let mut sum = 0i128;
     row.for_each(|_, x| {
-        sum += ((x as f64 - m).exp() * SUM_UNIT).round() as i128;
+        if x.is_finite() {
+            sum += ((x as f64 - m).exp() * SUM_UNIT).round() as i128;
+        }
     });
     sum
 }

@@ -19,7 +19,8 @@ pub struct DrawKey {
     pub node: u64,
 }
 
-/// Per-request sampling parameters (`temperature == 0` means greedy).
+/// Per-request sampling parameters (`temperature == 0` means greedy; a positive one must
+/// have a finite inverse).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SamplingParams {
     pub temperature: f64,
@@ -36,18 +37,18 @@ fn mix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// The largest Gumbel value [`gumbel`] can return: `u ≤ 1 − 2^-54` gives
-/// `−ln(−ln u) ≤ 54 ln 2 ≈ 37.43`. A token more than this below the best value so far
-/// cannot win, so its noise is never computed.
+/// A bound on what [`gumbel`] can return: `u ≤ 1 − 2^-53` gives `−ln(−ln u) ≤ 53 ln 2 ≈
+/// 36.74`. A token more than this below the best value so far cannot win, so its noise is
+/// never computed.
 const GUMBEL_MAX: f64 = 37.5;
 
-/// Gumbel(0, 1) noise of token `id` at `key`: `−ln(−ln u)`, `u` in (0, 1) from 53 bits of
-/// the hash (never 0 or 1, so the noise is finite).
+/// Gumbel(0, 1) noise of token `id` at `key`: `−ln(−ln u)`, `u = (n + 0.5) / 2^52` for 52
+/// bits `n` of the hash — exact in float64, so never 0 or 1 and the noise is finite.
 pub fn gumbel(key: DrawKey, id: u64) -> f64 {
     let h = mix(mix(
         mix(mix(key.seed ^ 0x9e37_79b9_7f4a_7c15) ^ key.request) ^ key.node.wrapping_add(1)
     ) ^ id.wrapping_add(1));
-    let u = ((h >> 11) as f64 + 0.5) * (1.0 / (1u64 << 53) as f64);
+    let u = ((h >> 12) as f64 + 0.5) * (1.0 / (1u64 << 52) as f64);
     -(-u.ln()).ln()
 }
 

@@ -153,6 +153,14 @@ mod tests {
     }
 
     #[test]
+    fn a_shards_sum_skips_nan_and_inf_rather_than_overflow() {
+        // Its row is rejected after the gather, but the sum runs first (debug builds would
+        // panic on the saturated +inf term).
+        let data = [f32::INFINITY, 0.0, f32::NAN, 0.0];
+        assert_eq!(exp_sum(row_of(&data).row(0, 0), 0.0), 2 * (1i128 << 80));
+    }
+
+    #[test]
     fn a_shard_with_nan_is_refused() {
         let data = [0.0, f32::NAN, 1.0];
         let (mut v, mut i) = (vec![0f32; 2], vec![0i64; 2]);

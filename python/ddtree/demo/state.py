@@ -29,8 +29,9 @@ class DecodeState:
         self.history = torch.zeros(bs, self.cap + 1, **i64)
         self.margins = torch.zeros(bs, self.cap + 1, dtype=torch.float32, device=dev)
         self.count = torch.zeros(bs, **i64)  # tokens in the history
-        # Tokens committed by each of a request's rounds until it finished (a round commits
-        # at least one token, so max_new + 1 columns hold them; the last is the dump).
+        # Per request, each round's tokens that tokens() keeps (a round past the end of turn
+        # or max_new counts only up to it), until it finished: a round commits at least one
+        # token, so max_new + 1 columns hold them; the last is the dump.
         self.accepts = torch.zeros(bs, max_new + 2, **i64)
         self.rounds = torch.zeros(bs, **i64)
         self.done = torch.zeros(bs, dtype=torch.bool, device=dev)
@@ -70,10 +71,7 @@ class DecodeState:
         if margins is not None:
             self.margins.scatter_(1, at, margins)
         step = torch.where(live, n, 0)
-        dump = self.accepts.shape[1] - 1
-        slot = torch.where(live, self.rounds.clamp(max=dump - 1), dump)
-        self.accepts.scatter_(1, slot.unsqueeze(1), step.unsqueeze(1))
-        self.rounds.add_(live.long())
+        self._record_round(tokens, valid, step, live)
         self.count.add_(step)
         self.prefix.add_(step)
         self.roots.copy_(torch.where(live, next_root, self.roots))
@@ -93,6 +91,18 @@ class DecodeState:
                 row = row[: row.index(self.eos) + 1]
             out.append(row)
         return out
+
+    def _record_round(self, tokens, valid, step, live) -> None:
+        """This round's tokens as `tokens()` will keep them (cut after the end-of-turn token
+        and at max_new) into the per-round record."""
+        hit = (tokens == self.eos) & valid
+        upto_eos = torch.where(hit.any(1), hit.long().argmax(1) + 1, step)
+        room = (self.max_new - self.count).clamp(min=0)
+        kept = torch.minimum(torch.minimum(step, upto_eos), room)
+        dump = self.accepts.shape[1] - 1
+        slot = torch.where(live, self.rounds.clamp(max=dump - 1), dump)
+        self.accepts.scatter_(1, slot.unsqueeze(1), kept.unsqueeze(1))
+        self.rounds.add_(live.long())
 
     def accept_rows(self) -> list[list[int]]:
         """Each request's tokens committed per round, until it finished (reads the device)."""

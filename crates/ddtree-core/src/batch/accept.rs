@@ -152,7 +152,7 @@ fn check_accept<T: Element>(
 }
 
 /// Checks per-request sampling parameters.
-fn check_params(params: &[SamplingParams], bs: usize) -> Result<()> {
+pub(crate) fn check_params(params: &[SamplingParams], bs: usize) -> Result<()> {
     ensure(params.len() == bs, "temperature", || {
         format!("has {} entries, the batch has {bs}", params.len())
     })?;
@@ -161,6 +161,12 @@ fn check_params(params: &[SamplingParams], bs: usize) -> Result<()> {
             p.temperature.is_finite() && p.temperature >= 0.0,
             "temperature",
             || format!("must be finite and ≥ 0, got {}", p.temperature),
+        )?;
+        // 1 / temperature scales the logits: it must stay finite (a subnormal does not).
+        ensure(
+            p.temperature == 0.0 || (1.0 / p.temperature).is_finite(),
+            "temperature",
+            || format!("{} is too small to divide by", p.temperature),
         )?;
         ensure(p.top_p > 0.0 && p.top_p <= 1.0, "top_p", || {
             format!("must be in (0, 1], got {}", p.top_p)

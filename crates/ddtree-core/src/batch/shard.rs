@@ -149,9 +149,7 @@ pub fn shard_posteriors<T: Element>(
     ids: &mut [i64],
 ) -> Result<()> {
     let [bs, q, _] = target.shape();
-    ensure(params.len() == bs, "temperature", || {
-        format!("has {} entries, the batch has {bs}", params.len())
-    })?;
+    super::accept::check_params(params, bs)?;
     ensure(
         params.iter().all(|p| p.top_k == 0 && p.top_p >= 1.0),
         "top_k",
