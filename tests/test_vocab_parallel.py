@@ -92,6 +92,30 @@ CASES = [  # (bs, depth, vocab, budget, topk, dtype)
 ]
 
 
+def check_stepper(rank: int, tp: int) -> None:
+    """The Stepper with a group: the same trees and acceptances as a Stepper on whole rows,
+    into its static buffers."""
+    shape = {"max_batch": 4, "budget": 15, "depth": 4, "vocab": 97, "device": "cpu"}
+    alone = ddtree.Stepper(**shape)
+    mine = ddtree.Stepper(**shape, group=dist.group.WORLD)
+    start, size = shards_of(97, tp, 0)[rank]
+    roots, prefix = torch.tensor([1, 2, 3]), torch.tensor([4, 5, 6])
+    window = torch.arange(3 * 16).view(3, 16)
+    for n in range(2):
+        x = draft_case(10 + n, 3, 4, 97, torch.float32)
+        want = alone.step(x, roots, prefix)
+        assert same(mine.step(x[:, :, start : start + size], roots, prefix), want)
+        t = target_case(n, want, 97)
+        for sampling in SAMPLING(3):
+            a = alone.accept(t, **sampling)
+            assert same(mine.accept(t[:, :, start : start + size], **sampling), a), sampling
+        kept = zip(alone.kept_slots(window), mine.kept_slots(window), strict=True)
+        assert all(torch.equal(u, v) for u, v in kept)
+    with pytest.raises(ValueError, match="vocab"):  # the shards' V is not the Stepper's
+        other = ddtree.Stepper(**{**shape, "vocab": 98}, group=dist.group.WORLD)
+        other.step(x[:, :, start : start + size], roots, prefix)
+
+
 def run_rank(rank: int, tp: int, init: str, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=tp)
     torch.manual_seed(0)
@@ -119,6 +143,7 @@ def run_rank(rank: int, tp: int, init: str, out_dir: str) -> None:
     assert int(whole.status[2]) != 0 or CASES[-1][0] <= 2
     with pytest.raises(ValueError, match="temperature"):  # checked before any collective
         ddtree.accept_tree(whole, t[:, :, :1], temperature=-0.7, group=dist.group.WORLD)
+    check_stepper(rank, tp)
     # The seed is group rank 0's: ranks given different ones still draw alike, here on the
     # gathered rows (top_k) and on the shards (temperature alone).
     for extra in ({"top_k": 3}, {}):
@@ -157,6 +182,8 @@ def test_every_rank_builds_and_accepts_what_the_single_process_call_does(tp):
 
 
 def test_a_group_needs_cpu_tensors_and_vocab_start_needs_a_group():
+    with pytest.raises(ValueError, match="vocab_start"):
+        ddtree.Stepper(device="cpu", vocab_start=0)
     x = torch.zeros(1, 2, 8)
     with pytest.raises(ValueError, match="vocab_start"):
         ddtree.build_tree(x, [0], [0], budget=3, vocab_start=0)

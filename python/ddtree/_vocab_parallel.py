@@ -108,9 +108,10 @@ def check_cpu(x: torch.Tensor, name: str) -> None:
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def build_tree(args: tuple, group, vocab_start) -> Tree:
+def build_tree(args: tuple, group, vocab_start, into=None) -> Tree:
     """`ddtree.build_tree`'s arguments (draft logits, roots, prefix, budget, topk) with
-    this rank's shard as the draft logits: checked and agreed on every rank, then built."""
+    this rank's shard as the draft logits: checked and agreed on every rank, then built —
+    into a new tree, or into ``into(bs, L, K, V)``'s (a Stepper's static views)."""
     from ._api import check_build
 
     def check():
@@ -121,10 +122,10 @@ def build_tree(args: tuple, group, vocab_start) -> Tree:
         return checked, sig
 
     x, roots, prefix, budget, topk = agree(group, check)
-    return build_into(x, roots, prefix, budget, topk, group, vocab_start)
+    return build_into(x, roots, prefix, budget, topk, group, vocab_start, into)
 
 
-def build_into(x, roots, prefix, budget: int, topk, group, vocab_start) -> Tree:
+def build_into(x, roots, prefix, budget: int, topk, group, vocab_start, into=None) -> Tree:
     """SPEC stages 1–3 on this rank's shard `x` ``[bs, L, V_r]`` (checked and agreed)."""
     from ._api import k_of
     from ._validate import in_vocab
@@ -133,6 +134,8 @@ def build_into(x, roots, prefix, budget: int, topk, group, vocab_start) -> Tree:
     start, vocab = layout(v_local, group, vocab_start)
     in_vocab("root_tokens", roots, vocab)
     k = k_of(budget, vocab, topk)
+    # Every rank sees the same (bs, L, K, V): a refusal here is raised on all of them.
+    tree = into(bs, depth, k, vocab) if into else _buffers.new_tree(bs, depth, k, budget, x.device)
     rows = bs * depth
     values = torch.empty(rows, k, dtype=torch.float32)
     ids = torch.empty(rows, k, dtype=torch.int64)
@@ -144,7 +147,6 @@ def build_into(x, roots, prefix, budget: int, topk, group, vocab_start) -> Tree:
     sums = torch.empty(rows, 2, dtype=torch.int64)
     _core.shard_sums(x, row_max, sums)
     g_sums = gather(sums, group)
-    tree = _buffers.new_tree(bs, depth, k, budget, x.device)
     eligible = torch.empty(rows, dtype=torch.int32)
     _core.merge_partials(g_values.shape[0], rows, k, g_values, g_ids, g_bad, g_sums, row_max,
                          tree.topk_logprobs, tree.topk_ids, eligible)  # fmt: skip

@@ -37,6 +37,8 @@ class Stepper:
         device="cuda:0",
         topk=None,
         seed=0,
+        group=None,
+        vocab_start=None,
     ):
         self.max_batch = _validate.positive_int("max_batch", max_batch)
         self.budget = _validate.positive_int("budget", budget, limit=_validate.MAX_BUDGET)
@@ -48,6 +50,13 @@ class Stepper:
         _validate.cuda_present(device, "device")
         self.device = _validate.concrete_device(device)
         self._cuda = self.device.type == "cuda"
+        # Vocab-parallel: step and accept take this rank's vocabulary shard (`vocab` is the
+        # whole vocabulary); CPU tensors only for now, like ddtree.build_tree(group=).
+        self._group, self._vocab_start = group, vocab_start
+        if group is not None and self._cuda:
+            raise ValueError("group: a vocab-parallel Stepper runs on device='cpu' for now")
+        if group is None and vocab_start is not None:
+            raise ValueError("vocab_start: only meaningful with group=")
         if self._cuda:
             self._check_cuda_limits()
             _cuda.prepare(self.device)
@@ -138,6 +147,8 @@ class Stepper:
         become tensors here first. On CUDA, token and prefix values are status codes (a host
         check would sync); on the CPU they are checked on the host."""
         self._check_open()
+        if self._group is not None:
+            return self._step_group(draft_logits, root_tokens, prefix_lens)
         if not (isinstance(root_tokens, torch.Tensor) and isinstance(prefix_lens, torch.Tensor)):
             bs = _validate.logits("draft_logits", draft_logits).shape[0]
             root_tokens = _validate.index_vector("root_tokens", root_tokens, bs, self.device)
@@ -145,6 +156,25 @@ class Stepper:
         round_ = self._engine.step(draft_logits, root_tokens, prefix_lens)
         tree, self._next_acc = self._views(round_[:3])
         self._tree, self._round = tree, round_
+        return tree
+
+    def _step_group(self, draft_logits, root_tokens, prefix_lens) -> Tree:
+        """`step` on this rank's vocabulary shard, into the static buffers."""
+        from . import _vocab_parallel
+
+        def into(bs: int, depth: int, k: int, vocab: int) -> Tree:
+            if vocab != self.vocab:
+                raise ValueError(f"draft_logits: the shards hold V = {vocab} tokens, the "
+                                 f"Stepper's vocab is {self.vocab}")  # fmt: skip
+            if bs > self.max_batch or depth > self.depth:
+                raise ValueError(f"draft_logits: [{bs}, {depth}, ...] exceeds the Stepper's "
+                                 f"max_batch {self.max_batch} / depth {self.depth}")  # fmt: skip
+            return self._views((bs, depth, k))[0]
+
+        args = (draft_logits, root_tokens, prefix_lens, self.budget, self.topk)
+        tree = _vocab_parallel.build_tree(args, self._group, self._vocab_start, into)
+        self._tree, self._next_acc = self._views(tuple(tree.topk_ids.shape))
+        self._round = (*tree.topk_ids.shape, self.vocab)
         return tree
 
     def _views(self, key: tuple) -> tuple[Tree, Acceptance]:
@@ -187,6 +217,15 @@ class Stepper:
         if self._cuda:  # the engine publishes within the accept's graph
             self._accept_cuda(target_logits, temperature, top_k, top_p, generator, readback)
             self._acc = acc
+            return acc
+        if self._group is not None:
+            from . import _vocab_parallel
+
+            sampling = (temperature, top_k, top_p, generator)
+            _vocab_parallel.accept_into(tree, target_logits, acc, self._group,
+                                        self._vocab_start, sampling)  # fmt: skip
+            self._acc = acc
+            self._publish(acc, readback)
             return acc
         # Every argument is checked before a seed is drawn (that advances a torch.Generator).
         self._engine.check_target(target_logits)  # shape, vocabulary, device: named
