@@ -125,10 +125,8 @@ def respond(engine: Engine, prompts: list[list[int]], max_new: int, eos: int, po
     at `max_new` tokens."""
     dev, bs = engine.device, len(prompts)
     lens = torch.tensor([len(p) for p in prompts], device=dev)
-    width = int(lens.max())
-    tokens = torch.zeros(bs, width, dtype=torch.int64, device=dev)
-    for b, p in enumerate(prompts):
-        tokens[b, : len(p)] = torch.tensor(p)
+    tokens = padded(prompts, dev)
+    width = tokens.shape[1]
     batch = DenseBatch(engine, bs, width + max_new)
     h, _ = batch.prefill(tokens)
     nxt = pick(engine.logits(h[batch.rows, lens - 1]), policy, g)
@@ -147,27 +145,33 @@ def _cut(row: list[int], eos: int) -> list[int]:
     return row[: row.index(eos) + 1] if eos in row else row
 
 
+def padded(seqs: list[list[int]], device) -> torch.Tensor:
+    """Token lists right-padded with 0 into one int64 ``[len(seqs), longest]`` tensor on
+    `device` (filled on the host, copied once)."""
+    out = torch.zeros(len(seqs), max(map(len, seqs)), dtype=torch.int64)
+    for n, s in enumerate(seqs):
+        out[n, : len(s)] = torch.tensor(s)
+    return out.to(device)
+
+
 @torch.no_grad()
-def annotate(engine: Engine, seqs: list[list[int]], taps, out_taps, out_labels,
-             out_final=None) -> None:  # fmt: skip
-    """For each sequence: the hidden states after the `taps` layers side by side into
-    ``out_taps[n, :len]`` and, into ``out_labels[n, 1:len]``, the target's argmax after each
-    prefix (the greedy choice for position t given tokens 0..t-1); with `out_final`, the
-    final normed hidden state at each position into ``out_final[n, :len]`` (its product
-    with the embedding is the target's next-token logits there)."""
-    dev = engine.device
-    for lo in range(0, len(seqs), LABEL_CHUNK):
-        chunk = seqs[lo : lo + LABEL_CHUNK]
-        width = max(map(len, chunk))
-        tokens = torch.zeros(len(chunk), width, dtype=torch.int64, device=dev)
-        for b, s in enumerate(chunk):
-            tokens[b, : len(s)] = torch.tensor(s)
-        h, kept = DenseBatch(engine, len(chunk), width).prefill(tokens, keep=taps)
+def annotate(engine: Engine, tokens: torch.Tensor, lengths: list[int], taps, out_taps,
+             out_labels, out_final=None) -> None:  # fmt: skip
+    """For each sequence of `tokens` (`padded`, on the engine's device; real `lengths`):
+    the hidden states after the `taps` layers side by side into ``out_taps[n, :len]`` and,
+    into ``out_labels[n, 1:len]``, the target's argmax after each prefix (the greedy choice
+    for position t given tokens 0..t-1); with `out_final`, the final normed hidden state at
+    each position into ``out_final[n, :len]`` (its product with the embedding is the
+    target's next-token logits there)."""
+    for lo in range(0, len(lengths), LABEL_CHUNK):
+        lens = lengths[lo : lo + LABEL_CHUNK]
+        chunk = tokens[lo : lo + len(lens), : max(lens)]
+        h, kept = DenseBatch(engine, len(lens), chunk.shape[1]).prefill(chunk, keep=taps)
         hidden = torch.cat(kept, dim=2)
         final = engine.norm(h, engine.w.norm)
         best = (final @ engine.w.embed.T).argmax(-1)
-        for b, s in enumerate(chunk):
-            out_taps[lo + b, : len(s)] = hidden[b, : len(s)]
-            out_labels[lo + b, 1 : len(s)] = best[b, : len(s) - 1]
+        for b, n in enumerate(lens):
+            out_taps[lo + b, :n] = hidden[b, :n]
+            out_labels[lo + b, 1:n] = best[b, : n - 1]
             if out_final is not None:
-                out_final[lo + b, : len(s)] = final[b, : len(s)]
+                out_final[lo + b, :n] = final[b, :n]

@@ -146,18 +146,17 @@ def generate(target, prompt_ids: list[list[int]], cfg: dflash.DraftConfig, max_n
             made = sum(len(x) - n for x, n in zip(seqs, starts, strict=True))
             log(f"copy {copy + 1}/{samples}: {len(seqs)} responses, {made} tokens "
                 f"({time.perf_counter() - t0:.0f} s)")  # fmt: skip
-    width = max(map(len, seqs))
-    tokens = torch.zeros(len(seqs), width, dtype=torch.int64)
-    for n, ids in enumerate(seqs):
-        tokens[n, : len(ids)] = torch.tensor(ids)
-    taps = torch.zeros(len(seqs), width, len(cfg.taps) * target.config.hidden,
+    tokens = datagen.padded(seqs, device)
+    lengths = list(map(len, seqs))
+    n, width = tokens.shape
+    taps = torch.zeros(n, width, len(cfg.taps) * target.config.hidden,
                        dtype=target.embed.dtype, device=device)  # fmt: skip
-    labels = torch.full((len(seqs), width), -100, dtype=torch.int64, device=device)
-    last = torch.zeros(len(seqs), width, target.config.hidden, dtype=target.embed.dtype,
+    labels = torch.full((n, width), -100, dtype=torch.int64, device=device)
+    last = torch.zeros(n, width, target.config.hidden, dtype=target.embed.dtype,
                        device=device) if final else None  # fmt: skip
-    datagen.annotate(engine, seqs, cfg.taps, taps, labels, last)
-    return Data(tokens.to(device), taps, labels, torch.tensor(list(map(len, seqs)),
-                device=device), torch.tensor(starts, device=device), last)  # fmt: skip
+    datagen.annotate(engine, tokens, lengths, cfg.taps, taps, labels, last)
+    return Data(tokens, taps, labels, torch.tensor(lengths, device=device),
+                torch.tensor(starts, device=device), last)  # fmt: skip
 
 
 def anchors(data: Data, per_seq: int, block: int, g: torch.Generator) -> torch.Tensor:
