@@ -57,16 +57,7 @@ pub fn sample_row<T: Element>(row: Row<'_, T>, p: &SamplingParams, key: DrawKey)
     if p.temperature <= 0.0 {
         return row.argmax();
     }
-    let inv_t = 1.0 / p.temperature;
-    let mut scaled = Vec::with_capacity(row.len());
-    let mut max = f64::NEG_INFINITY;
-    row.for_each(|id, x| {
-        if x > f32::NEG_INFINITY {
-            let s = x as f64 * inv_t;
-            max = max.max(s);
-            scaled.push((s, id));
-        }
-    });
+    let scaled = scaled_finite(row, p.temperature, 0);
     if scaled.is_empty() {
         return row.argmax();
     }
@@ -75,6 +66,7 @@ pub fn sample_row<T: Element>(row: Row<'_, T>, p: &SamplingParams, key: DrawKey)
         return gumbel_max(scaled.iter().copied(), key).map_or(0, |(_, id)| id);
     }
     // Unnormalised probabilities; softmax's denominator cancels in every filter below.
+    let max = scaled.iter().fold(f64::NEG_INFINITY, |m, &(s, _)| m.max(s));
     let mut weights: Vec<(f64, usize)> = scaled
         .iter()
         .map(|&(s, id)| ((s - max).exp(), id))
@@ -131,14 +123,21 @@ pub fn shard_posterior<T: Element>(
         });
         return best;
     }
-    let inv_t = 1.0 / p.temperature;
+    let scaled = scaled_finite(row, p.temperature, start);
+    gumbel_max(scaled.iter().copied(), key).map_or(best, |(v, id)| (v, id as i64))
+}
+
+/// `(x / temperature, start + id)` of the row's tokens above `−inf` (NaN skipped), in id
+/// order: the values a draw compares, the same for a whole row and for a shard of it.
+fn scaled_finite<T: Element>(row: Row<'_, T>, temperature: f64, start: usize) -> Vec<(f64, usize)> {
+    let inv_t = 1.0 / temperature;
     let mut scaled = Vec::with_capacity(row.len());
     row.for_each(|id, x| {
         if x > f32::NEG_INFINITY {
             scaled.push((x as f64 * inv_t, start + id));
         }
     });
-    gumbel_max(scaled.iter().copied(), key).map_or(best, |(v, id)| (v, id as i64))
+    scaled
 }
 
 /// Orders the most probable first where a filter needs it and returns how many survive.
