@@ -1,4 +1,4 @@
-"""Vocab-parallel (tensor-parallel) build and greedy accept: each rank holds the logits of a
+"""Vocab-parallel (tensor-parallel) build and accept: each rank holds the logits of a
 contiguous slice of the vocabulary, and every rank returns the tree / acceptance the
 single-process call gives on the concatenated logits, bit for bit.
 
@@ -41,8 +41,15 @@ def gather(t: torch.Tensor, group) -> torch.Tensor:
 
 
 def layout(v_local: int, group, vocab_start) -> tuple[int, int]:
-    """(this rank's first global token id, the global vocabulary V). Shards are in rank
-    order unless every rank passes ``vocab_start``; either way they must tile ``0..V``."""
+    """(this rank's first global token id, the global vocabulary V)."""
+    starts, sizes = shards(v_local, group, vocab_start)
+    rank = _dist().get_rank(group)
+    return int(starts[rank]), int((starts + sizes).max())
+
+
+def shards(v_local: int, group, vocab_start) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every rank's (first global token id, size) ``[tp]`` each. Shards are in rank order
+    unless every rank passes ``vocab_start``; either way they must tile ``0..V``."""
     mine = torch.tensor([-1 if vocab_start is None else int(vocab_start), v_local])
     every = gather(mine, group)  # [tp, 2]
     starts, sizes = every[:, 0], every[:, 1]
@@ -58,8 +65,7 @@ def layout(v_local: int, group, vocab_start) -> tuple[int, int]:
             f"vocab_start: the shards (start, size) {every.tolist()} do not tile the "
             "vocabulary from 0 without gaps or overlaps"
         )
-    rank = _dist().get_rank(group)
-    return int(starts[rank]), int(ends[-1])
+    return starts, sizes
 
 
 def checksum(x: torch.Tensor) -> int:
@@ -177,14 +183,12 @@ def whole_rows(t: torch.Tensor, group, vocab_start) -> torch.Tensor:
     """The whole target rows ``[bs, Q, V]`` from every rank's shard (the top-k / top-p
     filters need them): shards padded to the largest, gathered, put back in vocabulary
     order."""
-    start, vocab = layout(t.shape[2], group, vocab_start)
-    where = gather(torch.tensor([start, t.shape[2]]), group)
-    width = int(where[:, 1].max())
-    padded = torch.zeros(*t.shape[:2], width, dtype=t.dtype)
+    starts, sizes = shards(t.shape[2], group, vocab_start)
+    padded = torch.zeros(*t.shape[:2], int(sizes.max()), dtype=t.dtype)
     padded[:, :, : t.shape[2]] = t
     parts = gather(padded, group)
-    out = torch.empty(*t.shape[:2], vocab, dtype=t.dtype)
-    for r, (s, n) in enumerate(where.tolist()):
+    out = torch.empty(*t.shape[:2], int((starts + sizes).max()), dtype=t.dtype)
+    for r, (s, n) in enumerate(zip(starts.tolist(), sizes.tolist(), strict=True)):
         out[:, :, s : s + n] = parts[r, :, :, :n]
     return out
 
@@ -208,11 +212,10 @@ def accept_into(tree: Tree, target, acc: Acceptance, group, vocab_start, samplin
         return (t, params, seed), sig
 
     t, params, seed = agree(group, check)
-    if params is not None:
-        seed = int(gather(torch.tensor([seed]), group)[0])
     if params is None:
         temperature = torch.zeros(tree.batch_size, dtype=torch.float64)
     else:
+        seed = int(gather(torch.tensor([seed]), group)[0])
         temperature, top_k, top_p = params
         if bool((top_k > 0).any()) or bool((top_p < 1).any()):
             rows = whole_rows(t, group, vocab_start)
