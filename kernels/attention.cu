@@ -10,27 +10,27 @@ extern "C" __global__ void __launch_bounds__(256)
 }
 
 // grid (row_tiles * dv_chunks, splits, bs * Hkv), 32 * W threads, AttnTile::kSmem bytes.
-// (D, DVC, W, KT, CW, VK, ST): head dim, value columns per warp, warps, keys per tile, warps
-// side by side over the value columns, values read from the K tile (V a view of K), tiles
-// in flight — each under the 99 KB of shared memory a block may have on sm_120
+// (D, DVC, W, KT, CW, VK, ST, MT): head dim, value columns per warp, warps, keys per tile,
+// warps side by side over the value columns, values read from the K tile (V a view of K),
+// tiles in flight, m16 row tiles per warp — each under the 99 KB of shared memory a block may have on sm_120
 // (crates/ddtree-cuda checks it).
-#define DDTREE_ATTENTION(NAME, T, D, DVC, W, KT, CW, VK, ST)                             \
+#define DDTREE_ATTENTION(NAME, T, D, DVC, W, KT, CW, VK, ST, MT)                           \
   extern "C" __global__ void __launch_bounds__(32 * W)                                  \
       NAME(const __grid_constant__ ddtree::AttentionParams p) {                         \
     extern __shared__ __align__(16) unsigned char smem[];                               \
-    ddtree::attention_block<T, D, DVC, W, KT, CW, VK, ST>(p, smem);                     \
+    ddtree::attention_block<T, D, DVC, W, KT, CW, VK, ST, MT>(p, smem);                     \
   }
 
-DDTREE_ATTENTION(ddtree_attention_bf16_d64, __nv_bfloat16, 64, 64, 4, 64, 1, false, 2)
-DDTREE_ATTENTION(ddtree_attention_bf16_d128, __nv_bfloat16, 128, 128, 8, 32, 1, false, 2)
-DDTREE_ATTENTION(ddtree_attention_bf16_d256, __nv_bfloat16, 256, 128, 4, 32, 1, false, 2)
-DDTREE_ATTENTION(ddtree_attention_bf16_d576, __nv_bfloat16, 576, 256, 2, 16, 1, false, 2)
-DDTREE_ATTENTION(ddtree_attention_bf16_d576vk, __nv_bfloat16, 576, 256, 4, 16, 2, true, 3)
-DDTREE_ATTENTION(ddtree_attention_f16_d64, __half, 64, 64, 4, 64, 1, false, 2)
-DDTREE_ATTENTION(ddtree_attention_f16_d128, __half, 128, 128, 8, 32, 1, false, 2)
-DDTREE_ATTENTION(ddtree_attention_f16_d256, __half, 256, 128, 4, 32, 1, false, 2)
-DDTREE_ATTENTION(ddtree_attention_f16_d576, __half, 576, 256, 2, 16, 1, false, 2)
-DDTREE_ATTENTION(ddtree_attention_f16_d576vk, __half, 576, 256, 4, 16, 2, true, 3)
+DDTREE_ATTENTION(ddtree_attention_bf16_d64, __nv_bfloat16, 64, 64, 4, 64, 1, false, 2, 1)
+DDTREE_ATTENTION(ddtree_attention_bf16_d128, __nv_bfloat16, 128, 128, 4, 32, 1, false, 2, 2)
+DDTREE_ATTENTION(ddtree_attention_bf16_d256, __nv_bfloat16, 256, 128, 4, 32, 1, false, 2, 1)
+DDTREE_ATTENTION(ddtree_attention_bf16_d576, __nv_bfloat16, 576, 256, 2, 16, 1, false, 2, 1)
+DDTREE_ATTENTION(ddtree_attention_bf16_d576vk, __nv_bfloat16, 576, 256, 4, 16, 2, true, 3, 1)
+DDTREE_ATTENTION(ddtree_attention_f16_d64, __half, 64, 64, 4, 64, 1, false, 2, 1)
+DDTREE_ATTENTION(ddtree_attention_f16_d128, __half, 128, 128, 4, 32, 1, false, 2, 2)
+DDTREE_ATTENTION(ddtree_attention_f16_d256, __half, 256, 128, 4, 32, 1, false, 2, 1)
+DDTREE_ATTENTION(ddtree_attention_f16_d576, __half, 576, 256, 2, 16, 1, false, 2, 1)
+DDTREE_ATTENTION(ddtree_attention_f16_d576vk, __half, 576, 256, 4, 16, 2, true, 3, 1)
 
 // grid (M, bs * Hkv), 128 threads: the splits' partials of each query row merged.
 extern "C" __global__ void __launch_bounds__(128)

@@ -59,7 +59,8 @@ pub struct AttentionParams {
 /// `ddtree_attention_{dtype}_{name}`): query/key head dims up to `d`, `dvc` value columns
 /// per warp, `warps` warps, `kt` keys per tile, `col_warps` warps side by side over the
 /// value columns (the others over 16 query rows each), `v_in_k`: the values are read from
-/// the K tile (V a view of K's first columns, MLA's absorbed form), `stages` tiles in flight.
+/// the K tile (V a view of K's first columns, MLA's absorbed form), `stages` tiles in flight,
+/// `m_tiles` m16 row tiles per warp (sharing every K and V fragment the warp loads).
 /// A `hopper` tile is `DDTREE_ATTENTION_HOPPER` in attention_sm90a.cu (kernel
 /// `ddtree_attention_sm90a_{dtype}_{name}`): its warps come in warpgroups of four, `dvc` is a
 /// warpgroup's value columns and `col_warps / 4` the warpgroups side by side over them. A
@@ -76,6 +77,7 @@ pub struct Variant {
     pub col_warps: usize,
     pub v_in_k: bool,
     pub stages: usize,
+    pub m_tiles: usize,
     pub hopper: bool,
     pub producer: bool,
 }
@@ -90,6 +92,7 @@ const fn variant(name: &'static str, d: usize, dvc: usize, warps: usize, kt: usi
         col_warps: 1,
         v_in_k: false,
         stages: 2,
+        m_tiles: 1,
         hopper: false,
         producer: false,
     }
@@ -107,6 +110,7 @@ const fn hopper(name: &'static str, d: usize, dvw: usize, rg: usize) -> Variant 
         col_warps: 1,
         v_in_k: false,
         stages: 2,
+        m_tiles: 1,
         hopper: true,
         producer: false,
     }
@@ -124,6 +128,7 @@ const fn hopper_ws(name: &'static str, d: usize, kt: usize, stages: usize) -> Va
         col_warps: 1,
         v_in_k: false,
         stages,
+        m_tiles: 1,
         hopper: true,
         producer: true,
     }
@@ -142,6 +147,7 @@ const fn hopper_mla() -> Variant {
         col_warps: 2,
         v_in_k: true,
         stages: 2,
+        m_tiles: 1,
         hopper: true,
         producer: true,
     }
@@ -151,7 +157,12 @@ const fn hopper_mla() -> Variant {
 /// a `v_in_k` variant serves only calls whose V is a view of K.
 pub const VARIANTS: [Variant; 5] = [
     variant("d64", 64, 64, 4, 64),
-    variant("d128", 128, 128, 8, 32),
+    // Two m16 tiles a warp: each K/V fragment feeds twice the products (FlashAttention-2's
+    // 128 x 32 tile); four warps of 246 registers, two blocks an H200 SM.
+    Variant {
+        m_tiles: 2,
+        ..variant("d128", 128, 128, 4, 32)
+    },
     variant("d256", 256, 128, 4, 32),
     variant("d576", 576, 256, 2, 16),
     Variant {
@@ -181,7 +192,7 @@ impl Variant {
             let producer = if self.producer { 4 } else { 0 };
             64 * ((self.warps - producer) / 4 / self.col_warps)
         } else {
-            16 * (self.warps / self.col_warps)
+            16 * self.m_tiles * (self.warps / self.col_warps)
         }
     }
     /// Value columns per block.
@@ -222,11 +233,13 @@ impl Variant {
         };
         // fp32 partial scores the two column warps of a row group exchange (`kSums`).
         let sums = if self.col_warps == 2 {
-            self.warps * 32 * self.kt / 2
+            self.warps * 32 * self.m_tiles * self.kt / 2
         } else {
             0
         };
-        elem * (self.rows() * qs + self.stages * self.kt * (qs + vs)) + 4 * sums
+        // Each stage's staged page ids: kt 8-byte entries.
+        let ids = 8 * self.stages * self.kt;
+        elem * (self.rows() * qs + self.stages * self.kt * (qs + vs)) + 4 * sums + ids
     }
     /// A two-warpgroup Hopper tile of which an SM holds one block (MINB 1 in
     /// attention_sm90a.cu: d256) stages each tile's page ids in shared memory a tile ahead;
@@ -565,8 +578,8 @@ mod tests {
             for t in ["bf16, __nv_bfloat16", "f16, __half"] {
                 let (dtype, ty) = t.split_once(", ").unwrap();
                 let line = format!(
-                    "(ddtree_attention_{dtype}_{}, {ty}, {}, {}, {}, {}, {}, {}, {})",
-                    v.name, v.d, v.dvc, v.warps, v.kt, v.col_warps, v.v_in_k, v.stages
+                    "(ddtree_attention_{dtype}_{}, {ty}, {}, {}, {}, {}, {}, {}, {}, {})",
+                    v.name, v.d, v.dvc, v.warps, v.kt, v.col_warps, v.v_in_k, v.stages, v.m_tiles
                 );
                 assert!(entry.contains(&line), "attention.cu lacks {line}");
             }

@@ -141,27 +141,60 @@ __device__ __forceinline__ long long prefix_slot(const AttentionParams& p, long 
   return (page << p.page_shift) | (t & ((1ll << p.page_shift) - 1));
 }
 
+// Page-table staging: the entries of the pages the prefix keys of the tile of KT keys at
+// kt use, copied by threads 0 .. KT - 1 into `ids` (KT 8-byte slots) by cp.async, not
+// committed (they join the caller's group). A tile gathered later finds its keys' page ids
+// there (`staged_slot`) instead of waiting on a page-table read from global memory.
+template <int KT>
+__device__ __forceinline__ void stage_page_ids(const AttentionParams& p, long long* ids,
+                                               long long kt, long long k_end, long long prefix,
+                                               long long start, int tid) {
+  const long long last = min(k_end, prefix) - 1;  // the tile's last prefix key, if any
+  const long long page = (kt >> p.page_shift) + tid;
+  if (tid < KT && kt <= last && page <= (last >> p.page_shift)) {
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(ids + tid));
+    if (p.index64)
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst),
+                   "l"(static_cast<const long long*>(p.kv_indices) + start + page));
+    else
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst),
+                   "l"(static_cast<const int*>(p.kv_indices) + start + page));
+  }
+}
+// The pool slot of prefix key t of the tile at kt, from the tile's staged page ids.
+__device__ __forceinline__ long long staged_slot(const AttentionParams& p, const long long* ids,
+                                                 long long kt, long long t) {
+  const long long* e = ids + ((t >> p.page_shift) - (kt >> p.page_shift));
+  const long long page = p.index64 ? *e : *reinterpret_cast<const int*>(e);
+  return (page << p.page_shift) | (t & ((1ll << p.page_shift) - 1));
+}
+
 // A block's tile: kWarps warps, CW of them side by side over the value columns (each DVC
-// wide) and kWarps / CW over the query rows (16 each); KT keys per K/V tile, ST tiles in
-// flight. With VK the values are the first dv columns of the keys (MLA's absorbed form, V a
-// view of K): the K tile serves both products and no V tile is loaded.
+// wide) and kWarps / CW over the query rows (16 * MT each: MT m16 tiles a warp, which share
+// every K and V fragment the warp loads, so a tile's shared-memory reads serve MT times the
+// products); KT keys per K/V tile, ST tiles in flight. With VK the values are the first dv
+// columns of the keys (MLA's absorbed form, V a view of K): the K tile serves both products
+// and no V tile is loaded.
 template <typename T, int D, int DVC, int kWarps, int KT, int CW = 1, bool VK = false,
-          int ST = 2>
+          int ST = 2, int MT = 1>
 struct AttnTile {
   static constexpr int RW = kWarps / CW;       // warps over the rows
-  static constexpr int BM = 16 * RW;           // query rows per block
+  static constexpr int WM = 16 * MT;           // query rows per warp
+  static constexpr int BM = WM * RW;           // query rows per block
   static constexpr int DVB = DVC * CW;         // value columns per block
   static constexpr int QS = D + kAttnPad;      // shared row stride of Q and K, elements
   static constexpr int VS = VK ? QS : DVB + kAttnPad;  // of V (the K tile itself with VK)
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kStages = ST;  // K/V tiles in flight: the next loads while this computes
-  // fp32 partial scores a warp posts for its partner when CW == 2 (KT / 8 * 4 per lane).
-  static constexpr size_t kSums = CW == 2 ? static_cast<size_t>(kWarps) * 32 * KT / 2 : 0;
+  // fp32 partial scores a warp posts for its partner when CW == 2 (MT * KT / 8 * 4 per lane).
+  static constexpr size_t kSums = CW == 2 ? static_cast<size_t>(kWarps) * 32 * MT * KT / 2 : 0;
+  // Then each stage's staged page ids (KT 8-byte entries).
   static constexpr size_t kSmem =
       sizeof(T) * (static_cast<size_t>(BM) * QS + kStages * KT * (QS + (VK ? 0 : VS))) +
-      sizeof(float) * kSums;
+      sizeof(float) * kSums + sizeof(long long) * kStages * KT;
   static_assert(kWarps % CW == 0 && CW <= 2, "CW must divide the warps (1 or 2)");
   static_assert(CW == 1 || RW == 2, "a pair's named barriers are ids 1 and 2");
+  static_assert(MT >= 1 && MT <= 2, "one or two m16 tiles a warp");
 };
 
 // 16 bytes global -> shared without a register round trip; zero-filled when !valid.
@@ -223,24 +256,6 @@ __device__ __forceinline__ KeyRows<T> key_rows_at(const AttentionParams& p, int 
   const long long row = static_cast<long long>(b) * p.q_nodes + (t - prefix);
   return {k_new + row * p.kn_s0 + g * p.kn_s1, v_new + row * p.vn_s0 + g * p.vn_s1 + col0};
 }
-// The same with the prefix token's slot read from the page table here (written out rather
-// than through key_rows_at: that form costs sm_120's d128 tile a 20-byte spill).
-template <typename T>
-__device__ __forceinline__ KeyRows<T> key_rows(const AttentionParams& p, int b, int g,
-                                               long long start, long long prefix, long long t,
-                                               bool valid, int col0) {
-  const T* k_new = static_cast<const T*>(p.k_new);
-  const T* v_new = static_cast<const T*>(p.v_new);
-  if (!valid) return {k_new, v_new};
-  if (t < prefix) {
-    const long long slot = prefix_slot(p, start, t);
-    return {static_cast<const T*>(p.k_cache) + slot * p.kc_s0 + g * p.kc_s1,
-            static_cast<const T*>(p.v_cache) + slot * p.vc_s0 + g * p.vc_s1 + col0};
-  }
-  const long long row = static_cast<long long>(b) * p.q_nodes + (t - prefix);
-  return {k_new + row * p.kn_s0 + g * p.kn_s1, v_new + row * p.vn_s0 + g * p.vn_s1 + col0};
-}
-
 // The query row of M (a (node, head) pair) of request b and KV head g; null past M.
 template <typename T>
 __device__ __forceinline__ const T* query_row(const AttentionParams& p, int b, int g, int row,
@@ -390,7 +405,7 @@ struct RowSoftmax {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int h = i >> 1;
-        e[i] = m[h] == -INFINITY ? 0.0f : exp2f(s[n][i] - m[h]);
+        e[i] = m[h] == -INFINITY ? 0.0f : exp2_ftz(s[n][i] - m[h]);
         l[h] += e[i];
       }
       pa[n][0] = MmaType<T>::pack(e[0], e[1]);
@@ -521,21 +536,23 @@ __device__ __forceinline__ void write_rows(const AttentionParams& p, const RowsO
 // One block: rows [row0, row0 + BM) of (request b, KV head g), value columns
 // [col0, col0 + DVB), keys [k_begin, k_end) of the request's P + Q, in tiles of KT keys
 // pipelined through cp.async (the next ST - 1 tiles load while one computes). Warp w takes
-// rows 16 * (w % RW) .. + 16 and value columns DVC * (w / RW) .. + DVC of the block; the
-// CW warps of a row group share its scores (each computes D / CW of the head dim), so one
-// K tile serves all of the block's value columns.
+// rows WM * (w % RW) .. + WM (MT m16 tiles) and value columns DVC * (w / RW) .. + DVC of the
+// block; the CW warps of a row group share its scores (each computes D / CW of the head
+// dim), so one K tile serves all of the block's value columns.
 template <typename T, int D, int DVC, int kWarps, int KT, int CW = 1, bool VK = false,
-          int ST = 2>
+          int ST = 2, int MT = 1>
 __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
-  using Tile = AttnTile<T, D, DVC, kWarps, KT, CW, VK, ST>;
+  using Tile = AttnTile<T, D, DVC, kWarps, KT, CW, VK, ST, MT>;
   using Mma = MmaType<T>;
-  constexpr int BM = Tile::BM, QS = Tile::QS, VS = Tile::VS, NT = KT / 8, DVB = Tile::DVB;
+  constexpr int BM = Tile::BM, WM = Tile::WM, QS = Tile::QS, VS = Tile::VS, NT = KT / 8;
+  constexpr int DVB = Tile::DVB;
   constexpr int VT = DVC / 8;  // value column tiles of a warp
   constexpr int KC = D / 8, VC = VK ? 0 : DVB / 8;  // 16-byte chunks of a K row, a V row
   T* qs = reinterpret_cast<T*>(smem);
   T* kbuf = qs + BM * QS;                    // [kStages][KT][QS]
   T* vbuf = kbuf + Tile::kStages * KT * QS;  // [kStages][KT][VS] (unused with VK)
   float* sums = reinterpret_cast<float*>(vbuf + (VK ? 0 : Tile::kStages * KT * VS));  // CW 2
+  long long* ids = reinterpret_cast<long long*>(sums + Tile::kSums);  // [kStages][KT]
 
   AttnBlock w;
   if (!attn_block(p, BM, DVB, w)) return;
@@ -547,18 +564,18 @@ __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
   const int gr = lane >> 2, gc = lane & 3;  // fragment row group and column pair
 
   // Issues the loads of the tile at key kt into stage `st`. Each key of the tile has TPK
-  // threads: they find its row once (a page-table read for a prefix key) and copy its K
-  // (then V) row in 16-byte chunks, neighbours taking neighbouring chunks (coalesced).
+  // threads: they copy its K (then V) row in 16-byte chunks, neighbours taking neighbouring
+  // chunks (coalesced), from `slot`, the key's pool slot when it is a prefix token.
   constexpr int TPK = Tile::kThreads / KT;
   static_assert(Tile::kThreads % KT == 0 && KC % TPK == 0 && VC % TPK == 0,
                 "a tile's keys split evenly over the threads, and their rows over a key's");
   const int my_key = threadIdx.x / TPK, my_part = threadIdx.x % TPK;
-  auto issue = [&](long long kt, int st) {
+  auto issue = [&](long long kt, int st, long long slot) {
     T* ks = kbuf + (st * KT + my_key) * QS;
     T* vs = vbuf + (st * KT + my_key) * VS;
     const long long t = kt + my_key;
     const bool valid = t < k_end;
-    const KeyRows<T> rows = key_rows<T>(p, b, g, start, prefix, t, valid, col0);
+    const KeyRows<T> rows = key_rows_at<T>(p, b, g, prefix, t, slot, valid, col0);
 #pragma unroll
     for (int i = 0; i < KC / TPK; ++i) {
       const int c = (my_part + i * TPK) * 8;
@@ -571,31 +588,53 @@ __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
     }
     cp_async_commit();
   };
+  // The pool slot of this thread's key in the tile at kt (0 for a tree node or a key past
+  // the split): read from the page table (`staged`: from the tile's staged page ids).
+  auto slot_of = [&](long long kt, bool staged, int st) -> long long {
+    const long long t = kt + my_key;
+    if (t >= prefix || t >= k_end) return 0;
+    return staged ? staged_slot(p, ids + st * KT, kt, t) : prefix_slot(p, start, t);
+  };
+  // The tile ST - 1 ahead of the tile at kt (in stage st) has its page ids staged in the
+  // same commit group as this one's rows: they land by the time that tile is issued.
+  auto stage_ahead = [&](long long kt, int st) {
+    const long long later = kt + static_cast<long long>(ST - 1) * KT;
+    stage_page_ids<KT>(p, ids + (st + ST - 1) % ST * KT, later, k_end, prefix, start,
+                       threadIdx.x);
+  };
 
   // The block's query rows: (node, head) pairs, zero rows past M; their copies go in the
   // first tile's group.
   for (int r = warp; r < BM; r += kWarps)
     copy_row_async(qs + r * QS, query_row<T>(p, b, g, row0 + r, group, m_rows),
                    static_cast<const T*>(p.q), p.dqk, D, lane, 32);
-  // The first ST - 1 tiles go in flight (an empty commit group keeps the count uniform).
+  // The first ST - 1 tiles go in flight (an empty commit group keeps the count uniform),
+  // their slots read from the page table here, once.
 #pragma unroll
   for (int i = 0; i < ST - 1; ++i) {
     const long long kt = k_begin + static_cast<long long>(i) * KT;
-    if (kt < k_end)
-      issue(kt, i);
-    else
+    if (kt < k_end) {
+      stage_ahead(kt, i);
+      issue(kt, i, slot_of(kt, false, i));
+    } else {
       cp_async_commit();
+    }
   }
-  // This thread's two rows of the warp's 16 and their tree nodes (for the ancestor bits).
-  const int* bits_of[2];
-  const RowsOut out = rows_out(p, w, rw * 16 + gr, bits_of);
+  // This thread's two rows of each of the warp's m16 tiles and their tree nodes (for the
+  // ancestor bits).
+  const int* bits_of[MT][2];
+  RowsOut out[MT];
+#pragma unroll
+  for (int i = 0; i < MT; ++i) out[i] = rows_out(p, w, rw * WM + i * 16 + gr, bits_of[i]);
   // ldmatrix row addresses: lane l serves row l % 8 of matrix l / 8.
   const int mi = lane >> 3, mr = lane & 7;
-  const T* qa = qs + (rw * 16 + mr + (mi & 1) * 8) * QS + (mi >> 1) * 8;
-  RowSoftmax sm;
-  float acc[VT][4];
+  const T* qa = qs + (rw * WM + mr + (mi & 1) * 8) * QS + (mi >> 1) * 8;  // m16 tile i: + 16i rows
+  RowSoftmax sm[MT];
+  float acc[MT][VT][4];
 #pragma unroll
-  for (int t = 0; t < VT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int t = 0; t < VT; ++t) acc[i][t][0] = acc[i][t][1] = acc[i][t][2] = acc[i][t][3] = 0.0f;
 
   int st = 0;
   for (long long kt = k_begin; kt < k_end; kt += KT, st = st + 1 == ST ? 0 : st + 1) {
@@ -606,74 +645,105 @@ __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
     {
       const long long ahead = kt + static_cast<long long>(ST - 1) * KT;
       const int fill = st == 0 ? ST - 1 : st - 1;
-      if (ahead < k_end)
-        issue(ahead, fill);
-      else
+      if (ahead < k_end) {
+        stage_ahead(ahead, fill);
+        issue(ahead, fill, slot_of(ahead, true, fill));
+      } else {
         cp_async_commit();
+      }
     }
     const T* ks = kbuf + st * KT * QS;
     const T* vs = VK ? ks + col0 + wcol : vbuf + st * KT * VS + wcol;
 
-    // S = Q K^T for the warp's 16 rows and the tile's KT keys. The CW warps of a row group
-    // each take D / CW of the head dim, then add up their partial scores through shared
-    // memory (fp32 addition commutes, so every warp of the group holds the same S).
-    float s[NT][4];
+    // S = Q K^T for the warp's WM rows and the tile's KT keys: each K fragment serves the
+    // warp's MT m16 tiles. The CW warps of a row group each take D / CW of the head dim,
+    // then add up their partial scores through shared memory (fp32 addition commutes, so
+    // every warp of the group holds the same S).
+    float s[MT][NT][4];
 #pragma unroll
-    for (int n = 0; n < NT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+      for (int n = 0; n < NT; ++n) s[i][n][0] = s[i][n][1] = s[i][n][2] = s[i][n][3] = 0.0f;
     const T* kb = ks + (mr + (mi >> 1) * 8) * QS + (mi & 1) * 8;
     const int k_first = (warp / Tile::RW) * (D / CW);
 #pragma unroll 2
     for (int kk = k_first; kk < k_first + D / CW; kk += 16) {
-      uint32_t a[4];
-      ldmatrix_x4(a, qa + kk);
+      uint32_t a[MT][4];
+#pragma unroll
+      for (int i = 0; i < MT; ++i) ldmatrix_x4(a[i], qa + i * 16 * QS + kk);
 #pragma unroll
       for (int n = 0; n < NT; n += 2) {
         uint32_t bf[4];  // keys n*8.. (k 0-7, 8-15), then keys n*8+8.. (k 0-7, 8-15)
         ldmatrix_x4(bf, kb + n * 8 * QS + kk);
-        Mma::mma(s[n], a, bf);
-        Mma::mma(s[n + 1], a, bf + 2);
+#pragma unroll
+        for (int i = 0; i < MT; ++i) {
+          Mma::mma(s[i][n], a[i], bf);
+          Mma::mma(s[i][n + 1], a[i], bf + 2);
+        }
       }
     }
     if constexpr (CW == 2) {
       // Each warp posts its partial in its slot (the block's barrier at the top of the next
       // tile keeps a slot from being rewritten before its partner has read it), then the
-      // pair meets at a named barrier of its 64 threads and adds the partner's.
-      float* mine = sums + (warp * 32 + lane) * NT * 4;
-      const float* theirs = sums + ((warp + Tile::RW) % kWarps * 32 + lane) * NT * 4;
+      // pair meets at a named barrier of its 64 threads and adds the partner's. A slot holds
+      // one float4 (an m16n8 fragment) per lane side by side: 512 bytes a warp-wide access,
+      // free of bank conflicts.
+      constexpr int kPer = MT * NT;  // float4s per lane
+      float4* mine = reinterpret_cast<float4*>(sums) + warp * kPer * 32 + lane;
+      const float4* theirs =
+          reinterpret_cast<const float4*>(sums) + (warp + Tile::RW) % kWarps * kPer * 32 + lane;
 #pragma unroll
-      for (int n = 0; n < NT; ++n)
+      for (int i = 0; i < MT; ++i)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) mine[n * 4 + e] = s[n][e];
+        for (int n = 0; n < NT; ++n)
+          mine[(i * NT + n) * 32] = make_float4(s[i][n][0], s[i][n][1], s[i][n][2], s[i][n][3]);
       if (rw == 0)  // immediate barrier ids (a register id would reserve all 16)
         asm volatile("bar.sync 1, 64;\n" ::: "memory");
       else
         asm volatile("bar.sync 2, 64;\n" ::: "memory");
 #pragma unroll
-      for (int n = 0; n < NT; ++n)
+      for (int i = 0; i < MT; ++i)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[n][e] += theirs[n * 4 + e];
+        for (int n = 0; n < NT; ++n) {
+          const float4 o = theirs[(i * NT + n) * 32];
+          s[i][n][0] += o.x;
+          s[i][n][1] += o.y;
+          s[i][n][2] += o.z;
+          s[i][n][3] += o.w;
+        }
     }
-    float tile_max[2];
-    score_tile(p, s, kt, k_end, prefix, bits_of, gc, tile_max);
-    uint32_t pa[NT][2];  // P as bf16/fp16 pairs: [n][row half]
-    sm.update<T>(s, tile_max, acc, pa);
-    // O += P V: keys are the k dimension, 16 per step; V fragments by transposing loads.
+    uint32_t pa[MT][NT][2];  // P as bf16/fp16 pairs: [m16 tile][n][row half]
+#pragma unroll
+    for (int i = 0; i < MT; ++i) {
+      float tile_max[2];
+      score_tile(p, s[i], kt, k_end, prefix, bits_of[i], gc, tile_max);
+      sm[i].template update<T>(s[i], tile_max, acc[i], pa[i]);
+    }
+    // O += P V: keys are the k dimension, 16 per step; V fragments by transposing loads,
+    // each serving the warp's MT m16 tiles.
     const T* vb = vs + (mr + (mi & 1) * 8) * VS + (mi >> 1) * 8;
 #pragma unroll
     for (int kk = 0; kk < KT / 16; ++kk) {
-      const uint32_t a[4] = {pa[2 * kk][0], pa[2 * kk][1], pa[2 * kk + 1][0], pa[2 * kk + 1][1]};
 #pragma unroll
       for (int t = 0; t < VT; t += 2) {
         uint32_t bf[4];  // columns t*8.. (keys 0-7, 8-15), then columns t*8+8..
         ldmatrix_x4_trans(bf, vb + kk * 16 * VS + t * 8);
-        Mma::mma(acc[t], a, bf);
-        Mma::mma(acc[t + 1], a, bf + 2);
+#pragma unroll
+        for (int i = 0; i < MT; ++i) {
+          const uint32_t a[4] = {pa[i][2 * kk][0], pa[i][2 * kk][1], pa[i][2 * kk + 1][0],
+                                 pa[i][2 * kk + 1][1]};
+          Mma::mma(acc[i][t], a, bf);
+          Mma::mma(acc[i][t + 1], a, bf + 2);
+        }
       }
     }
   }
   cp_async_wait<0>();  // nothing in flight at exit (Q's copies, when the split had no tile)
-  sm.finish();
-  write_rows<T>(p, out, acc, sm, wcol, gc);
+#pragma unroll
+  for (int i = 0; i < MT; ++i) {
+    sm[i].finish();
+    write_rows<T>(p, out[i], acc[i], sm[i], wcol, gc);
+  }
 }
 
 // Warps a block of the merge has: each merges 64 value columns of one query row.

@@ -176,19 +176,7 @@ __device__ void attention_block_hopper(const AttentionParams& p, unsigned char* 
   // That pays where an SM holds one block (head dim 256; it paid for session 8's MLA tile);
   // with two, the other block hides the read and staging measured slower (BENCHMARKS.md).
   auto stage_pages = [&](long long kt, int ib) {
-    if constexpr (!SI) return;
-    const long long last = min(k_end, prefix) - 1;  // the tile's last prefix key, if any
-    const long long first_page = kt >> p.page_shift;
-    const long long page = first_page + tid;
-    if (tid < KT && kt <= last && page <= (last >> p.page_shift)) {
-      const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(idx + ib * KT + tid));
-      if (p.index64)
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst),
-                     "l"(static_cast<const long long*>(p.kv_indices) + start + page));
-      else
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst),
-                     "l"(static_cast<const int*>(p.kv_indices) + start + page));
-    }
+    if constexpr (SI) stage_page_ids<KT>(p, idx + ib * KT, kt, k_end, prefix, start, tid);
   };
   // Loads of the tile at key kt into stage st: TPK threads per key find its row once (its
   // page id staged in idx[ib]) and copy its chunks to their swizzled places.
@@ -204,9 +192,7 @@ __device__ void attention_block_hopper(const AttentionParams& p, unsigned char* 
     long long slot = 0;
     if (valid && t < prefix) {
       if constexpr (SI) {
-        const long long* e = idx + ib * KT + ((t >> p.page_shift) - (kt >> p.page_shift));
-        const long long page = p.index64 ? *e : *reinterpret_cast<const int*>(e);
-        slot = (page << p.page_shift) | (t & ((1ll << p.page_shift) - 1));
+        slot = staged_slot(p, idx + ib * KT, kt, t);
       } else {
         slot = prefix_slot(p, start, t);
       }
