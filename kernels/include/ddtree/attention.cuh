@@ -533,6 +533,64 @@ __device__ __forceinline__ void write_rows(const AttentionParams& p, const RowsO
   }
 }
 
+// How many independent chains of products S = Q K^T is summed in: a warp's MN = MT * NT
+// accumulators take one product per k-step each, and an m16n8k16 product waits for the
+// previous one into its accumulator (a fixed latency of tens of cycles); MLA's tile has two
+// per k-step and 18 k-steps, so it splits the k-steps over up to 8 / MN chains, added up
+// at the end. The largest of 4, 3, 2 that divides the k-steps, or 1.
+__host__ __device__ constexpr int qk_chains(int mn, int ksteps) {
+  for (int r = 4; r > 1; --r)
+    if (ksteps % r == 0 && mn * r <= 8) return r;
+  return 1;
+}
+
+// S = Q K^T, unscaled, into s for the warp's MT m16 tiles and the tile's NT * 8 keys over
+// KSTEPS k-steps of 16: qa and kb are this lane's ldmatrix addresses of Q's and K's first
+// columns (Q's m16 tile i 16 * i rows further), rows QS elements apart. Each K fragment
+// serves the MT tiles; the k-steps go round `qk_chains` accumulator sets.
+template <typename T, int MT, int NT, int QS, int KSTEPS>
+__device__ __forceinline__ void qk_tile(float (&s)[MT][NT][4], const T* qa, const T* kb) {
+  constexpr int R = qk_chains(MT * NT, KSTEPS);
+  float c[R][MT][NT][4];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+      for (int n = 0; n < NT; ++n) c[r][i][n][0] = c[r][i][n][1] = c[r][i][n][2] = c[r][i][n][3] = 0.0f;
+#pragma unroll
+  for (int j0 = 0; j0 < KSTEPS; j0 += R) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int kk = (j0 + r) * 16;
+      uint32_t a[MT][4];
+#pragma unroll
+      for (int i = 0; i < MT; ++i) ldmatrix_x4(a[i], qa + i * 16 * QS + kk);
+#pragma unroll
+      for (int n = 0; n < NT; n += 2) {
+        uint32_t bf[4];  // keys n*8.. (k 0-7, 8-15), then keys n*8+8.. (k 0-7, 8-15)
+        ldmatrix_x4(bf, kb + n * 8 * QS + kk);
+#pragma unroll
+        for (int i = 0; i < MT; ++i) {
+          MmaType<T>::mma(c[r][i][n], a[i], bf);
+          MmaType<T>::mma(c[r][i][n + 1], a[i], bf + 2);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float sum = c[0][i][n][e];
+#pragma unroll
+        for (int r = 1; r < R; ++r) sum += c[r][i][n][e];
+        s[i][n][e] = sum;
+      }
+}
+
 // One block: rows [row0, row0 + BM) of (request b, KV head g), value columns
 // [col0, col0 + DVB), keys [k_begin, k_end) of the request's P + Q, in tiles of KT keys
 // pipelined through cp.async (the next ST - 1 tiles load while one computes). Warp w takes
@@ -660,28 +718,9 @@ __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
     // then add up their partial scores through shared memory (fp32 addition commutes, so
     // every warp of the group holds the same S).
     float s[MT][NT][4];
-#pragma unroll
-    for (int i = 0; i < MT; ++i)
-#pragma unroll
-      for (int n = 0; n < NT; ++n) s[i][n][0] = s[i][n][1] = s[i][n][2] = s[i][n][3] = 0.0f;
     const T* kb = ks + (mr + (mi >> 1) * 8) * QS + (mi & 1) * 8;
     const int k_first = (warp / Tile::RW) * (D / CW);
-#pragma unroll 2
-    for (int kk = k_first; kk < k_first + D / CW; kk += 16) {
-      uint32_t a[MT][4];
-#pragma unroll
-      for (int i = 0; i < MT; ++i) ldmatrix_x4(a[i], qa + i * 16 * QS + kk);
-#pragma unroll
-      for (int n = 0; n < NT; n += 2) {
-        uint32_t bf[4];  // keys n*8.. (k 0-7, 8-15), then keys n*8+8.. (k 0-7, 8-15)
-        ldmatrix_x4(bf, kb + n * 8 * QS + kk);
-#pragma unroll
-        for (int i = 0; i < MT; ++i) {
-          Mma::mma(s[i][n], a[i], bf);
-          Mma::mma(s[i][n + 1], a[i], bf + 2);
-        }
-      }
-    }
+    qk_tile<T, MT, NT, QS, D / CW / 16>(s, qa + k_first, kb + k_first);
     if constexpr (CW == 2) {
       // Each warp posts its partial in its slot (the block's barrier at the top of the next
       // tile keeps a slot from being rewritten before its partner has read it), then the
