@@ -654,6 +654,19 @@ mod tests {
                 v.smem_bytes(2)
             );
         }
+        // `AttnTile::kSmem` by hand (attention.cu asserts it is under 99 KB as well):
+        // d128: Q 128 x 136, two stages of 32 keys' K and V rows of 136, bf16; 64 page ids.
+        let d128 = VARIANTS[1];
+        assert_eq!((d128.rows(), d128.m_tiles), (128, 2));
+        assert_eq!(d128.smem_bytes(2), 2 * (128 * 136 + 2 * 32 * 272) + 8 * 64);
+        // d576vk: Q 32 x 584, three stages of 16 keys' K rows; the pair's fp32 scores (4
+        // warps x 32 lanes x 8); 48 page ids: 3456 bytes under the limit.
+        let mla = VARIANTS[4];
+        assert_eq!(
+            mla.smem_bytes(2),
+            2 * (32 * 584 + 3 * 16 * 584) + 4 * 4 * 32 * 8 + 8 * 48
+        );
+        assert_eq!(99 * 1024 - mla.smem_bytes(2), 3456);
         assert_eq!(
             Variant::for_head_dim(576, 512, false).unwrap().1.name,
             "d576"
