@@ -6,7 +6,10 @@ search and the best-first warp it replaced) and of the whole build (CUDA events 
 captured graph, median), host time per ``Stepper.step()`` call, and, in the same run:
 stock ``torch.topk`` + ``torch.logsumexp``; the CPU path SGLang runs today (top-K and
 logsumexp on the GPU, copy to host, a Python heap and visibility mask per request, copy
-back); the Rust CPU path of this package on host copies of the logits.
+back); the Rust CPU path of this package on host copies of the logits; and, where SGLang
+0.5.23's UNO builder is found (``--uno``; `bench_uno`) and its limits allow the shape (Q ≤ 128,
+Q·K ≤ 2048), UNO's whole build with K candidates per depth, its top-k alone, and ddtree's
+whole build with the same top-k cap K.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import time
 import numpy as np
 import torch
 
-from . import _core, _cuda, reference
+from . import _core, _cuda, bench_uno, reference
 from .bench import HelpFormatter
 from .stepper import Stepper
 
@@ -164,7 +167,31 @@ def selection_stats(tree, scratch, x, roots, prefix, budget, k) -> dict:
     return out
 
 
-def bench_one(bs, budget, depth, vocab, replays, seed) -> dict:
+def uno_columns(uno, tree, scratch, x, roots, prefix, budget, replays) -> dict:
+    """UNO's build at Q = B + 1 with K = `bench_uno.uno_k`, its top-k alone, and ddtree's
+    build with top-k cap K; {} where there is no UNO or its limits refuse the shape."""
+    bs, depth, vocab = x.shape
+    k = bench_uno.uno_k(budget + 1, depth) if uno else None
+    if k is None:
+        return {}
+    ws: dict = {}
+    flat = x.view(bs * depth, vocab)
+    return {
+        "uno_k": k,
+        "uno": graph_time_us(
+            lambda: uno.build(
+                roots, x, max_nodes=budget + 1, candidate_top_k=k, temperature=0.0, workspace=ws
+            ),  # fmt: skip
+            replays,
+        ),
+        "uno_topk": graph_time_us(lambda: uno.topk(flat, k, sorted=True), replays),
+        "build_at_k": graph_time_us(
+            lambda: _cuda.launch_build(tree, scratch, x, roots, prefix, budget, k, 7), replays
+        ),
+    }
+
+
+def bench_one(bs, budget, depth, vocab, replays, seed, uno=None) -> dict:
     dev = torch.device("cuda")
     x = peaked_logits(bs, depth, vocab, seed, dev)
     roots = torch.randint(0, vocab, (bs,), device=dev)
@@ -180,6 +207,7 @@ def bench_one(bs, budget, depth, vocab, replays, seed) -> dict:
             lambda bits=bits: _cuda.launch_build(tree, scratch, x, roots, prefix, budget, k, bits),
             replays,
         )
+    row.update(uno_columns(uno, tree, scratch, x, roots, prefix, budget, replays))
     row["stats"] = selection_stats(tree, scratch, x, roots, prefix, budget, k)
     row["host_step"] = host_step_us(stepper, x, roots, prefix, 200)
     xf = x.float()
@@ -218,7 +246,18 @@ COLUMNS = (
     ("x_rust", "Rust CPU / build", "{:>16.1f}x"),
     ("x_torch", "torch / cand", "{:>12.2f}x"),
     ("match", "== CPU", "{!s:>6}"),
+    ("uno_k", "UNO K", "{:>5}"),
+    ("uno", "UNO µs", "{:>8.1f}"),
+    ("uno_topk", "its top-k µs", "{:>12.1f}"),
+    ("build_at_k", "build@K µs", "{:>10.1f}"),
+    ("x_uno", "UNO−top-k / build@K", "{:>19.2f}x"),
 )
+
+
+def cell(r: dict, key: str, fmt: str) -> str:
+    """A formatted value, or a dash right-aligned to the header's width where the row has
+    none (no UNO column for shapes over its limits)."""
+    return fmt.format(r[key]) if key in r else "-".rjust(len(fmt.format(0)))
 
 
 def print_table(rows) -> None:
@@ -232,7 +271,9 @@ def print_table(rows) -> None:
             x_parallel=r["select_best_first"] / r["select"],
             match=r["match"] and r["exact"],
         )
-        print(" | ".join(fmt.format(r[key]) for key, _, fmt in COLUMNS))
+        if "uno" in r:
+            r["x_uno"] = (r["uno"] - r["uno_topk"]) / r["build_at_k"]
+        print(" | ".join(cell(r, key, fmt) for key, _, fmt in COLUMNS))
     print("\n# selection diagnostics (batch means; cycles are thread 0's clock64 per phase)")
     print("bs | B | " + " | ".join(STAT_NAMES))
     for r in rows:
@@ -264,6 +305,12 @@ def main(argv=None) -> int:
         "--replays", type=int, default=200, help="timed graph replays, their median reported"
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic logits")
+    p.add_argument(
+        "--uno",
+        metavar="PATH",
+        help="SGLang 0.5.23's uno_tree.py or an sglang wheel (default: $DDTREE_SGLANG_WHEEL, "
+        "else an installed sglang; 'none' leaves the UNO columns out)",
+    )
     args, _ = p.parse_known_args(argv)
     check_limits(p, args.budget, args.depth)
     if not torch.cuda.is_available():
@@ -278,11 +325,17 @@ def main(argv=None) -> int:
         f"# L={args.depth} V={args.vocab} bf16 logits; GPU times: median of {args.replays} "
         f"graph replays (CUDA events); command: {' '.join(sys.argv)}"
     )
+    uno = None if args.uno == "none" else bench_uno.load(args.uno)
+    if uno is None:
+        print("# UNO: not found (--uno PATH, $DDTREE_SGLANG_WHEEL or an installed sglang)")
+    else:
+        print(f"# UNO: {uno.source}; its top-k: {uno.topk_name}; UNO−top-k / build@K is UNO's "
+              "time without its top-k over ddtree's whole build with the same K")  # fmt: skip
     rows = []
     for bs in args.bs:
         for budget in args.budget:
             print(f"... bs={bs} B={budget}", file=sys.stderr, flush=True)
-            rows.append(bench_one(bs, budget, args.depth, args.vocab, args.replays, args.seed))
+            rows.append(bench_one(bs, budget, args.depth, args.vocab, args.replays, args.seed, uno))
     print_table(rows)
     return 0
 
