@@ -4,7 +4,8 @@
 # compute-sanitizer memcheck + racecheck on a small batch, and the GPU benchmark.
 # Logs go to $OUT. STEPS selects parts: "tests portable sanitize bench loop attention" (default:
 # all; "portable" re-runs the attention tests, and "attention-portable" the attention bench,
-# through the portable kernel that compute capability 9.0 otherwise skips;
+# through the portable kernel that compute capability 9.0 otherwise skips; "attention-sm120"
+# the same bench at sm_120's occupancy (DDTREE_ATTENTION=sm120);
 # "host" times the host side of each Stepper call; "parts" breaks one attention shape's
 # call into its kernels and gaps (PARTS_ARGS: family bs N prefixes); "hunt" adds issue
 # 12's long top-k tie search, HUNT_SECONDS long; "sglang" runs ddtree against SGLang 0.5.23's
@@ -81,6 +82,10 @@ for step in $STEPS; do
         limit env DDTREE_ATTENTION=portable python3 -m ddtree bench --attention ${ATTN_ARGS:-} \
             >"$OUT/bench-attention-portable.txt" 2>&1 || status=1
         cat "$OUT/bench-attention-portable.txt" ;;
+    attention-sm120)
+        limit env DDTREE_ATTENTION=sm120 python3 -m ddtree bench --attention ${ATTN_ARGS:-} \
+            >"$OUT/bench-attention-sm120.txt" 2>&1 || status=1
+        cat "$OUT/bench-attention-sm120.txt" ;;
     esac
 done
 exit $status

@@ -63,8 +63,8 @@ class AttentionWorkspace:
     that the blocks fill whole waves of what the GPU holds at once (the Rust crate's
     ``SplitPlan``); the count depends only on the shapes, so replays of a captured call keep
     their geometry. On an H100/H200 (compute capability 9.0) the calls take the Hopper kernel
-    (wgmma) where one holds the head dim, unless ``DDTREE_ATTENTION=portable`` was set before
-    the device's first use."""
+    (wgmma) where one holds the head dim, unless ``DDTREE_ATTENTION`` was set to ``portable``
+    (or ``sm120``: the portable kernel at sm_120's occupancy) before the device's first use."""
 
     def __init__(self, device, *, max_batch, q_nodes, hq, hkv, dqk, dv):
         device = torch.device(device)

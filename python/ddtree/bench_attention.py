@@ -8,7 +8,9 @@ lower bound for what a mask costs, with K/V already contiguous (no page gather) 
 with the dense tree mask, what DDTree's reference verify does; ratios are against ddtree.
 Each row also prints ddtree's achieved TFLOP/s and GB/s of unique KV read, its kernel tile
 (``sm90a_``: the Hopper kernel) and its split count (key ranges per request). With
-``DDTREE_ATTENTION=portable`` an H100/H200 runs the portable (sm_120) kernel instead.
+``DDTREE_ATTENTION=portable`` an H100/H200 runs the portable (sm_120) kernel instead, and
+with ``DDTREE_ATTENTION=sm120`` it runs it at sm_120's occupancy (each block launched with
+enough shared memory that an SM holds as many as sm_120's 100 KB would).
 """
 
 from __future__ import annotations

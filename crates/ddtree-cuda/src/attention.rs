@@ -419,7 +419,7 @@ pub fn resident_blocks(
         cudarc::driver::result::occupancy::max_active_block_per_multiprocessor(
             dev.attention_fn(&v, index, false),
             (32 * v.warps) as i32,
-            v.smem_bytes(2),
+            dev.attention_smem(&v),
         )
     }
     .map_err(|e| CudaError::driver("cuOccupancyMaxActiveBlocksPerMultiprocessor", e))?;
@@ -538,7 +538,7 @@ pub unsafe fn tree_attention(
         f,
         grid,
         (32 * v.warps) as u32,
-        v.smem_bytes(2),
+        dev.attention_smem(&v),
         stream,
         &mut args,
     )?;
@@ -643,6 +643,26 @@ mod tests {
         // A Hopper tile that loads V also serves a call whose V is a view of K.
         assert_eq!(pick(true, 96, true), Some(HOPPER_VARIANTS[1]));
         assert_eq!(pick(true, 1024, false), None);
+    }
+
+    #[test]
+    fn the_sm120_emulation_holds_as_many_blocks_an_sm_as_sm_120_would() {
+        use crate::device::sm120_launch_smem;
+        for v in VARIANTS {
+            let own = v.smem_bytes(2);
+            let launch = sm120_launch_smem(own);
+            assert!(own <= launch && launch <= HOPPER_SMEM, "{v:?}");
+            let on_sm120 = (100 * 1024) / (own + 1024);
+            assert_eq!((228 * 1024) / (launch + 1024), on_sm120, "{v:?}");
+        }
+        // d128 (70 KB) and d576vk (96 KB): one block an SM on sm_120, so 227 KB here.
+        assert_eq!(sm120_launch_smem(VARIANTS[1].smem_bytes(2)), HOPPER_SMEM);
+        assert_eq!(sm120_launch_smem(VARIANTS[4].smem_bytes(2)), HOPPER_SMEM);
+        // d64 (46 KB): two on either.
+        assert_eq!(
+            sm120_launch_smem(VARIANTS[0].smem_bytes(2)),
+            114 * 1024 - 1024
+        );
     }
 
     #[test]

@@ -71,6 +71,10 @@ pub struct Device {
     /// loaded on compute capability 9.0 unless `DDTREE_ATTENTION=portable` was set when the
     /// device was first used (then every call takes the portable tiles, as on sm_120).
     pub attention_hopper: Option<Vec<CUfunction>>,
+    /// `DDTREE_ATTENTION=sm120`: the portable tiles as above, each launched with enough
+    /// shared memory that an SM holds as many blocks of it as sm_120's 100 KB would hold
+    /// (`sm120_launch_smem`), so this GPU runs them at the production GPU's occupancy.
+    pub sm120_occupancy: bool,
     _modules: Vec<CUmodule>,
 }
 
@@ -156,14 +160,18 @@ impl Device {
         for a in accept_fns {
             allow_dynamic_smem(a, crate::accept::ACCEPT_SMEM_CAP)?;
         }
-        let attention_fns = attention_blocks(attention, "", &crate::attention::VARIANTS)?;
-        let portable = std::env::var("DDTREE_ATTENTION").is_ok_and(|v| v == "portable");
+        let mode = std::env::var("DDTREE_ATTENTION").unwrap_or_default();
+        let sm120_occupancy = mode == "sm120" && cc != 120;
+        let portable = mode == "portable" || mode == "sm120";
+        let attention_fns =
+            attention_blocks(attention, "", &crate::attention::VARIANTS, sm120_occupancy)?;
         let attention_hopper = if cc == 90 && !portable {
             let m = load(kernels::ATTENTION_SM90A, "attention_sm90a")?;
             Some(attention_blocks(
                 m,
                 "sm90a_",
                 &crate::attention::HOPPER_VARIANTS,
+                false,
             )?)
         } else {
             None
@@ -189,6 +197,7 @@ impl Device {
             readback: f(commit, "ddtree_readback")?,
             compact_kv: f(commit, "ddtree_compact_kv")?,
             gather_hidden: f(commit, "ddtree_gather_hidden")?,
+            sm120_occupancy,
             _modules: modules,
             ctx,
         })
@@ -209,6 +218,34 @@ impl Device {
         };
         fns[index + if f16 { fns.len() / 2 } else { 0 }]
     }
+
+    /// The dynamic shared memory a block of tile `v` is launched with: its own, or with
+    /// [`Device::sm120_occupancy`] the emulation's (`sm120_launch_smem`).
+    pub fn attention_smem(&self, v: &crate::attention::Variant) -> usize {
+        launch_smem(v, self.sm120_occupancy)
+    }
+}
+
+fn launch_smem(v: &crate::attention::Variant, sm120_occupancy: bool) -> usize {
+    let own = v.smem_bytes(2);
+    if sm120_occupancy && !v.hopper {
+        sm120_launch_smem(own)
+    } else {
+        own
+    }
+}
+
+/// Shared memory per SM on sm_120 (RTX PRO 6000 Blackwell: 100 KB) and on the H100/H200
+/// (228 KB), and what CUDA reserves per resident block (1 KB) on both.
+const SM120_SMEM_PER_SM: usize = 100 * 1024;
+const SM90_SMEM_PER_SM: usize = 228 * 1024;
+const SMEM_PER_BLOCK_RESERVED: usize = 1024;
+
+/// A block of `own` bytes of shared memory takes this many on an H100/H200 to fit as many
+/// times an SM as it fits in sm_120's 100 KB (registers allow the same on both: 64K a SM).
+pub fn sm120_launch_smem(own: usize) -> usize {
+    let blocks = (SM120_SMEM_PER_SM / (own + SMEM_PER_BLOCK_RESERVED)).max(1);
+    (SM90_SMEM_PER_SM / blocks - SMEM_PER_BLOCK_RESERVED).max(own)
 }
 
 /// The attention kernels `ddtree_attention_{prefix}{dtype}_{name}` of `table`, bf16 then f16,
@@ -217,6 +254,7 @@ fn attention_blocks(
     module: CUmodule,
     prefix: &str,
     table: &[crate::attention::Variant],
+    sm120_occupancy: bool,
 ) -> Result<Vec<CUfunction>, CudaError> {
     let mut fns = Vec::new();
     for dtype in ["bf16", "f16"] {
@@ -225,7 +263,7 @@ fn attention_blocks(
                 module,
                 &format!("ddtree_attention_{prefix}{dtype}_{}", v.name),
             )?;
-            allow_dynamic_smem(a, v.smem_bytes(2))?;
+            allow_dynamic_smem(a, launch_smem(v, sm120_occupancy))?;
             fns.push(a);
         }
     }
