@@ -236,6 +236,30 @@ def test_two_training_steps_lower_the_loss_and_a_checkpoint_resumes_exactly(tmp_
     assert all(f.stat().st_size <= td.SHARD_BYTES + 2**16 for f in (tmp_path / "ck").glob("*.pt"))
 
 
+def test_the_decode_like_held_out_estimate_walks_rounds_as_a_greedy_chain_decode():
+    from ddtree.demo import train_drafter as td
+
+    target, cfg, w, _ = drafter_setup(layers=1)
+    data = tiny_data(target, cfg, n=5, samples=1)  # greedy responses, as the held-out set
+    tokens = rounds = 0
+    for n in range(len(data)):
+        end, p = int(data.lengths[n]), int(data.starts[n])
+        while p < end - 1:  # a round from root p: the dense reference's block
+            logits = dflash.reference_block(w, cfg, target.embed, data.taps[n, :p],
+                                            int(data.tokens[n, p]))  # fmt: skip
+            a = 1
+            while (
+                a <= cfg.block
+                and p + a < end
+                and int(logits[a - 1].argmax()) == int(data.labels[n, p + a])
+            ):
+                a += 1
+            tokens, rounds, p = tokens + a, rounds + 1, p + a
+    want = tokens / rounds
+    assert td.decode_acceptance(w, cfg, target.embed, data, chunk=3) == pytest.approx(want)
+    assert want > 1  # the scaled-up drafter accepts something here, so the walk is exercised
+
+
 def test_the_distillation_loss_is_the_cross_entropy_against_the_targets_distribution():
     from ddtree.demo import datagen
     from ddtree.demo import train_drafter as td
@@ -307,6 +331,7 @@ def test_the_training_job_runs_resumes_and_writes_its_record(tmp_path):
     by_depth = record["held_out_by_depth"]
     assert len(by_depth) == 4 and by_depth == sorted(by_depth, reverse=True)
     assert abs(1 + sum(by_depth) - record["held_out_acceptance"]) < 1e-3
+    assert 1 <= record["held_out_decode"] <= 1 + 4
     args.steps = 5
     again = td.train(target, tok, args, log=lines.append)
     assert "resumed at step 3" in lines and again["step"] == 5
