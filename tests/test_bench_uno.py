@@ -17,7 +17,7 @@ def uno_file():
     return sglang_release.extract() / bench_uno.MEMBER
 
 
-def test_uno_k_follows_unos_limits():
+def test_uno_k_follows_unos_own_checks():
     # Q = 64 fits K = 8 (parent list 8·14 + 1 = 113 wide); Q = 128 needs K = 16 (Q·K = 2048).
     assert bench_uno.uno_k(64, 15) == 8
     assert bench_uno.uno_k(128, 15) == 16
@@ -28,18 +28,34 @@ def test_uno_k_follows_unos_limits():
     assert bench_uno.uno_k(19, 3) == 16
     assert bench_uno.uno_k(34, 3) == 16
     assert bench_uno.uno_k(35, 3) is None
-    assert bench_uno.uno_k(2, 1) == 8
+    # Q below the draft width L + 1 is refused, and at depth 1 the parent list is one wide.
+    assert bench_uno.uno_k(8, 15) is None and bench_uno.uno_k(16, 15) == 8
+    assert bench_uno.uno_k(2, 1) == 8 and bench_uno.uno_k(3, 1) is None
+    # K = 8 over a vocabulary of 4 is refused.
+    assert bench_uno.uno_k(64, 15, vocab=4) is None and bench_uno.uno_k(64, 15, vocab=8) == 8
+
+
+def no_package(monkeypatch, *names):
+    """find_spec as if `names` were not installed (the tests' sglang_release puts stub
+    sglang and flashinfer packages on sys.path once it has loaded them)."""
+    real = bench_uno.importlib.util.find_spec
+
+    def find_spec(name, *args):
+        return None if name in names else real(name, *args)
+
+    monkeypatch.setattr(bench_uno.importlib.util, "find_spec", find_spec)
+    for name in names:
+        monkeypatch.delitem(sys.modules, name, raising=False)
 
 
 def test_load_from_the_file_stands_in_torch_topk_and_leaves_no_stub(monkeypatch):
     monkeypatch.delenv("DDTREE_SGLANG_WHEEL", raising=False)
-    had_flashinfer = "flashinfer" in sys.modules
+    no_package(monkeypatch, "flashinfer")
     uno = bench_uno.load(str(uno_file()))
     assert uno is not None and uno.build.__name__ == "build_uno_tree_proposal"
     assert uno.source == str(uno_file())
-    if not had_flashinfer:
-        assert uno.topk_name == "torch.topk (flashinfer not installed)"
-        assert "flashinfer" not in sys.modules  # the stand-in served the import only
+    assert uno.topk_name == "torch.topk (flashinfer not installed)"
+    assert "flashinfer" not in sys.modules  # the stand-in served the import only
     x = torch.randn(3, 50)
     values, ids = uno.topk(x, 4, sorted=True)
     want = torch.topk(x, 4, dim=-1)
@@ -58,10 +74,23 @@ def test_load_from_a_wheel_and_from_the_environment(tmp_path, monkeypatch):
 
 def test_without_a_source_there_is_no_uno_and_a_bad_path_is_named(tmp_path, monkeypatch):
     monkeypatch.delenv("DDTREE_SGLANG_WHEEL", raising=False)
-    if bench_uno.importlib.util.find_spec("sglang") is None:
-        assert bench_uno.load() is None
+    no_package(monkeypatch, "sglang")
+    assert bench_uno.load() is None
     with pytest.raises(FileNotFoundError, match="uno: no file"):
         bench_uno.load(str(tmp_path / "missing.whl"))
+    empty = tmp_path / "sglang-0.5.23-py3-none-any.whl"
+    with zipfile.ZipFile(empty, "w") as z:
+        z.writestr("sglang/__init__.py", "")
+    with pytest.raises(ValueError, match="has no sglang/kernels"):
+        bench_uno.load(str(empty))
+
+
+def test_a_file_that_fails_to_load_leaves_no_module_behind(tmp_path, monkeypatch):
+    bad = tmp_path / "uno_tree.py"
+    bad.write_text("import torch\nraise ImportError('not this release')\n")
+    with pytest.raises(ImportError, match="not this release"):
+        bench_uno.load(str(bad))
+    assert "ddtree_bench_uno_tree" not in sys.modules
 
 
 def test_a_row_without_uno_prints_dashes_under_the_uno_columns():
@@ -69,3 +98,17 @@ def test_a_row_without_uno_prints_dashes_under_the_uno_columns():
     assert bench_gpu.cell(row, "uno", "{:>8.1f}") == "    12.5"
     assert bench_gpu.cell(row, "uno_topk", "{:>12.1f}") == " " * 11 + "-"
     assert bench_gpu.cell(row, "x_uno", "{:>19.2f}x") == " " * 19 + "-"
+
+
+def test_the_table_gives_unos_time_without_its_top_k_over_ddtrees_build(capsys):
+    base = {"bs": 1, "B": 63, "candidates": 50.0, "select": 60.0, "select_best_first": 50.0,
+            "emit": 4.0, "build": 116.0, "host_step": 10.0, "torch_topk_lse": 270.0,
+            "seed_cpu": 1900.0, "rust_cpu": 30000.0, "match": True, "exact": True,
+            "stats": {n: 1.0 for n in bench_gpu.STAT_NAMES}}  # fmt: skip
+    with_uno = dict(base, uno_k=8, uno=144.0, uno_topk=60.0, build_at_k=100.0)
+    bench_gpu.print_table([with_uno, dict(base, B=255)])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("UNO K | UNO µs | its top-k µs | build@K µs | UNO−top-k / build@K")
+    assert lines[1].split(" | ")[-5:] == ["    8", "   144.0", "        60.0", "     100.0",
+                                          " " * 15 + "0.84x"]  # fmt: skip
+    assert [c.strip() for c in lines[2].split(" | ")[-5:]] == ["-"] * 5

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import platform
 import statistics
 import sys
@@ -171,8 +172,8 @@ def uno_columns(uno, tree, scratch, x, roots, prefix, budget, replays) -> dict:
     """UNO's build at Q = B + 1 with K = `bench_uno.uno_k`, its top-k alone, and ddtree's
     build with top-k cap K; {} where there is no UNO or its limits refuse the shape."""
     bs, depth, vocab = x.shape
-    k = bench_uno.uno_k(budget + 1, depth) if uno else None
-    if k is None:
+    k = bench_uno.uno_k(budget + 1, depth, vocab) if uno else None
+    if k is None or k > budget:  # ddtree's build takes a top-k cap up to B
         return {}
     ws: dict = {}
     flat = x.view(bs * depth, vocab)
@@ -291,6 +292,19 @@ def check_limits(p: argparse.ArgumentParser, budgets, depth: int) -> None:
         p.error(f"--depth must be in 1..{_core.CUDA_MAX_DEPTH} on CUDA, got {depth}")
 
 
+def load_uno(p: argparse.ArgumentParser, path: str | None):
+    """`bench_uno.load`: a --uno file that cannot be loaded is an argument error; one found
+    on its own (an installed sglang of another release, a broken flashinfer) is reported
+    and the UNO columns are left out."""
+    try:
+        return bench_uno.load(path)
+    except (ImportError, AttributeError, OSError, SyntaxError, ValueError) as e:
+        if path or os.environ.get("DDTREE_SGLANG_WHEEL"):
+            p.error(f"--uno: {e}")
+        print(f"# UNO: could not load it ({type(e).__name__}: {e}); no UNO columns")
+        return None
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m ddtree bench --device cuda",
@@ -325,7 +339,7 @@ def main(argv=None) -> int:
         f"# L={args.depth} V={args.vocab} bf16 logits; GPU times: median of {args.replays} "
         f"graph replays (CUDA events); command: {' '.join(sys.argv)}"
     )
-    uno = None if args.uno == "none" else bench_uno.load(args.uno)
+    uno = None if args.uno == "none" else load_uno(p, args.uno)
     if uno is None:
         print("# UNO: not found (--uno PATH, $DDTREE_SGLANG_WHEEL or an installed sglang)")
     else:

@@ -13,6 +13,7 @@ says so, since then UNO's top-k time is not its own.
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import os
 import sys
@@ -24,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from ._sglang_uno import capacity, parent_width
 
 MEMBER = "sglang/kernels/ops/speculative/uno_tree.py"
 # UNO's own limits (uno_tree.py): at most 128 verify nodes and 2048 candidate edges a request.
@@ -42,12 +45,19 @@ class Uno:
     topk_name: str
 
 
-def uno_k(q: int, depth: int) -> int | None:
+def uno_k(q: int, depth: int, vocab: int | None = None) -> int | None:
     """The candidates per depth UNO is run with for Q verify nodes: 8, or 16 where EAGLE's
-    parent list (K·(L − 1) + 1 wide) needs it; None where no K fits UNO's limits."""
+    parent list (K·(L − 1) + 1 wide) needs it; None where no K passes UNO's own checks (Q
+    at least the draft width L + 1, Q ≤ 128, Q·K ≤ 2048, K ≤ V, a K-ary tree of depth L
+    holds Q nodes, Q − 1 within the parent list)."""
     for k in (8, 16):
-        fits_parents = depth <= 1 or q - 1 <= k * (depth - 1) + 1
-        if q <= MAX_NODES and q * k <= MAX_EDGES and fits_parents:
+        if (
+            depth + 1 <= q <= MAX_NODES
+            and q * k <= MAX_EDGES
+            and (vocab is None or k <= vocab)
+            and capacity(depth, k, q) >= q
+            and q - 1 <= parent_width(depth, k)
+        ):
             return k
     return None
 
@@ -69,6 +79,8 @@ def find_file(path: str | None) -> tuple[Path, str] | None:
         if p.suffix == ".py":
             return p, str(p)
         with zipfile.ZipFile(p) as wheel:
+            if MEMBER not in wheel.namelist():
+                raise ValueError(f"uno: {p} has no {MEMBER}")
             text = wheel.read(MEMBER)
         out = Path(tempfile.mkdtemp(prefix="ddtree-uno-")) / "uno_tree.py"
         out.write_bytes(text)  # Triton reads a kernel's source from its file
@@ -76,10 +88,11 @@ def find_file(path: str | None) -> tuple[Path, str] | None:
     spec = importlib.util.find_spec("sglang")
     if spec is None or not spec.submodule_search_locations:
         return None
+    version = importlib.metadata.version("sglang")
     for root in spec.submodule_search_locations:
         p = Path(root).parent / MEMBER
         if p.is_file():
-            return p, f"installed sglang: {p}"
+            return p, f"installed sglang {version}: {p}"
     return None
 
 
@@ -99,7 +112,11 @@ def load(path: str | None = None) -> Uno | None:
         spec = importlib.util.spec_from_file_location("ddtree_bench_uno_tree", file)
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module  # its dataclass looks itself up there
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[spec.name]
+            raise
     finally:
         if stub is not None:
             del sys.modules["flashinfer"]

@@ -161,7 +161,9 @@ impl Device {
             allow_dynamic_smem(a, crate::accept::ACCEPT_SMEM_CAP)?;
         }
         let mode = std::env::var("DDTREE_ATTENTION").unwrap_or_default();
-        let sm120_occupancy = mode == "sm120" && cc != 120;
+        // The emulation's sizes are an H100/H200's (228 KB an SM, 227 KB a block); elsewhere
+        // the mode is `portable`.
+        let sm120_occupancy = mode == "sm120" && cc == 90;
         let portable = mode == "portable" || mode == "sm120";
         let attention_fns =
             attention_blocks(attention, "", &crate::attention::VARIANTS, sm120_occupancy)?;
