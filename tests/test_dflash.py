@@ -260,6 +260,38 @@ def test_the_decode_like_held_out_estimate_walks_rounds_as_a_greedy_chain_decode
     assert want > 1  # the scaled-up drafter accepts something here, so the walk is exercised
 
 
+@pytest.mark.parametrize("budget", [1, 6, 40])
+def test_the_held_out_tree_decode_commits_what_greedy_ddtree_would(budget):
+    import ddtree
+    from ddtree.demo import train_drafter as td
+
+    target, cfg, w, _ = drafter_setup(layers=1)
+    data = tiny_data(target, cfg, n=5, samples=1)
+    tokens = rounds = 0
+    for n in range(len(data)):  # one request at a time, the tree walked node by node
+        end, p = int(data.lengths[n]), int(data.starts[n])
+        while p < end - 1:
+            logits = dflash.reference_block(w, cfg, target.embed, data.taps[n, :p],
+                                            int(data.tokens[n, p]))  # fmt: skip
+            tree = ddtree.build_tree(logits[None], data.tokens[n, p : p + 1],
+                                     torch.tensor([p]), budget=budget)  # fmt: skip
+            ids, parents = tree.verify_ids[0].tolist(), tree.parents[0].tolist()
+            node, depth = 0, 0
+            while True:
+                kids = [j for j in range(1, int(tree.num_nodes[0]) + 1) if parents[j] == node]
+                nxt = [j for j in kids if p + depth + 1 < end
+                       and ids[j] == int(data.labels[n, p + depth + 1])]  # fmt: skip
+                if not nxt:
+                    break
+                node, depth = nxt[0], depth + 1
+            tokens, rounds, p = tokens + depth + 1, rounds + 1, p + depth + 1
+    want = tokens / rounds
+    got = td.tree_decode_acceptance(w, cfg, target.embed, data, budget)
+    assert got == pytest.approx(want)
+    if budget == 40:  # a tree this size accepts more than a single node
+        assert want > td.tree_decode_acceptance(w, cfg, target.embed, data, 1)
+
+
 def test_the_distillation_loss_is_the_cross_entropy_against_the_targets_distribution():
     from ddtree.demo import datagen
     from ddtree.demo import train_drafter as td
@@ -321,7 +353,7 @@ def test_the_training_job_runs_resumes_and_writes_its_record(tmp_path):
         device="cpu", layers=1, block=4, taps=(0, 2), prompts=12, max_new_tokens=6, steps=3,
         minutes=5.0, batch=4, anchors=3, gamma=2.0, lr=1e-3, every=1, seed=0, out=str(tmp_path),
         save_minutes=0.0, checkpoint_moments="bfloat16", samples=2, gen_batch=4, branch=0.5,
-        temperature=1.0, soft=0.5,
+        temperature=1.0, soft=0.5, tree_budgets=(3, 15),
     )  # fmt: skip
     lines = []
     record = td.train(target, tok, args, log=lines.append)
@@ -332,6 +364,8 @@ def test_the_training_job_runs_resumes_and_writes_its_record(tmp_path):
     assert len(by_depth) == 4 and by_depth == sorted(by_depth, reverse=True)
     assert abs(1 + sum(by_depth) - record["held_out_acceptance"]) < 1e-3
     assert 1 <= record["held_out_decode"] <= 1 + 4
+    assert list(record["held_out_tree"]) == ["3", "15"]
+    assert all(1 <= v <= 1 + 4 for v in record["held_out_tree"].values())
     args.steps = 5
     again = td.train(target, tok, args, log=lines.append)
     assert "resumed at step 3" in lines and again["step"] == 5

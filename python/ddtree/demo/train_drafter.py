@@ -20,9 +20,11 @@
    held-out acceptance (a small drafter memorises its data: the last step is rarely best).
 
 The held-out estimate is chain acceptance: per anchor, 1 + the leading block positions whose
-argmax is the target's token. With each new best step the record also holds
-``held_out_decode``: the tokens a round a greedy chain decode of the held-out responses gets
-(rounds walked from each response's start), which is lower.
+argmax is the target's token. With each new best step the record also holds what decoding
+the held-out responses greedily gets, rounds walked from each response's start:
+``held_out_decode`` (tokens a round of a chain, lower than the per-position mean) and
+``held_out_tree`` (tokens a round of DDTree at each ``--tree-budgets`` B, trees built by
+``ddtree.build_tree`` from the drafter's logits).
 """
 
 from __future__ import annotations
@@ -252,6 +254,50 @@ def decode_acceptance(w, cfg, embed, data: Data, chunk: int = 64) -> float:
     return tokens / max(rounds, 1)
 
 
+@torch.no_grad()
+def tree_accepts(tree, labels: torch.Tensor, pos: torch.Tensor, lengths: torch.Tensor):
+    """Tokens a greedy verify of each request's `tree` commits [bs]: 1 + the depth of the
+    deepest node whose path from the root is the target's greedy text (node at depth d
+    rooted at position p: right when it is ``labels[p + d]``, inside the sequence)."""
+    q = tree.verify_ids.shape[1]
+    at = pos.unsqueeze(1) + tree.depths
+    valid = (torch.arange(q, device=pos.device) <= tree.num_nodes.unsqueeze(1)) & (
+        at < lengths.unsqueeze(1)
+    )
+    want = labels.gather(1, at.clamp(max=labels.shape[1] - 1))
+    match = valid & (tree.verify_ids == want)
+    on = torch.zeros_like(match)
+    on[:, 0] = True
+    for d in range(1, int(tree.depths.max()) + 1):  # parents sit one level up
+        on |= (tree.depths == d) & match & on.gather(1, tree.parents.clamp(min=0))
+    return 1 + (tree.depths * on).amax(1)
+
+
+@torch.no_grad()
+def tree_decode_acceptance(w, cfg, embed, data: Data, budget: int) -> float:
+    """Held-out tokens a round of greedy DDTree decoding with `budget`-node trees, as the
+    demo's decoder gets them on these (greedy) responses: from each response's first root,
+    every round drafts at its root, builds the tree (`ddtree.build_tree`), commits what the
+    target's greedy text accepts, and the next round starts after it. The sequences take
+    their rounds side by side."""
+    import ddtree
+
+    pos, end = data.starts.clone(), data.lengths - 1
+    tokens = rounds = 0
+    while True:
+        live = (pos < end).nonzero().flatten()
+        if live.numel() == 0:
+            return tokens / max(rounds, 1)
+        part, p = data.take(live), pos[live]
+        logits = dflash.block_logits(w, cfg, embed, part.taps.to(embed.dtype), part.tokens,
+                                     p.unsqueeze(1))[:, 0]  # fmt: skip
+        roots = part.tokens.gather(1, p.unsqueeze(1)).squeeze(1)
+        tree = ddtree.build_tree(logits, roots, p, budget=budget)
+        a = tree_accepts(tree, part.labels, p, part.lengths)
+        tokens, rounds = tokens + int(a.sum()), rounds + live.numel()
+        pos[live] = p + a
+
+
 def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
     if step < warmup:
         return peak * (step + 1) / warmup
@@ -399,7 +445,7 @@ def train(target, tok, args, log=print) -> dict:
         # The time spent, and which step the weights file holds (a resumed run replaces it
         # only with a better one).
         kept = ("train_seconds", "best_held_out", "held_out_acceptance", "best_step",
-                "held_out_by_depth", "held_out_decode")  # fmt: skip
+                "held_out_by_depth", "held_out_decode", "held_out_tree")  # fmt: skip
         for key in kept:
             if key in state:
                 record[key] = state[key]
@@ -423,8 +469,15 @@ def train(target, tok, args, log=print) -> dict:
                 record["best_step"] = trainer.step
                 record["held_out_by_depth"] = [round(x, 4) for x in profile]
                 record["held_out_decode"] = round(decode_acceptance(w, cfg, embed, held), 4)
-                log(f"  new best: {record['held_out_decode']:.2f} tokens a round as a chain "
-                    "decode walks the held-out responses")  # fmt: skip
+                record["held_out_tree"] = {
+                    str(b): round(tree_decode_acceptance(w, cfg, embed, held, b), 4)
+                    for b in args.tree_budgets
+                }
+                log(
+                    f"  new best: tokens a round decoding the held-out responses: chain "
+                    f"{record['held_out_decode']:.2f}, DDTree B = "
+                    + ", ".join(f"{b} {v:.2f}" for b, v in record["held_out_tree"].items())
+                )
                 mark = {"train_seconds": now, "step": trainer.step}
                 save_weights(out / "drafter.safetensors", w, cfg, {**record, **mark})
     record["train_seconds"] = spent + time.perf_counter() - start
@@ -469,6 +522,9 @@ def parser() -> argparse.ArgumentParser:
                    help="weight of the target's whole next-token distribution in the loss, "
                    "against its argmax (distillation; default: 0)")  # fmt: skip
     p.add_argument("--lr", type=float, default=6e-4, help="peak learning rate (default: 6e-4)")
+    p.add_argument("--tree-budgets", type=lambda t: tuple(int(x) for x in t.split(",")),
+                   default=(15, 63), help="DDTree budgets whose held-out tokens a round "
+                   "each new best step records (default: 15,63)")  # fmt: skip
     p.add_argument("--every", type=int, default=100, help="log every N steps (default: 100)")
     p.add_argument("--seed", type=int, default=0, help="default: 0")
     p.add_argument("--save-minutes", type=float, default=2.0,
