@@ -256,8 +256,23 @@ def test_the_decode_like_held_out_estimate_walks_rounds_as_a_greedy_chain_decode
                 a += 1
             tokens, rounds, p = tokens + a, rounds + 1, p + a
     want = tokens / rounds
-    assert td.decode_acceptance(w, cfg, target.embed, data, chunk=3) == pytest.approx(want)
+    assert td.decode_acceptance(w, cfg, target.embed, data) == pytest.approx(want)
     assert want > 1  # the scaled-up drafter accepts something here, so the walk is exercised
+
+
+def test_a_chain_commits_up_to_its_first_wrong_depth_and_inside_the_sequence():
+    from ddtree.demo import train_drafter as td
+
+    labels = torch.tensor([[-100, 5, 6, 7, 8, 9, -100, -100]])
+    # Rooted at 1, depth i drafts labels[2 + i]: right, right, wrong, right -> 1 + 2.
+    drafted = torch.tensor([[6, 7, 0, 9]])
+    logits = torch.nn.functional.one_hot(drafted, 12).float()
+    accepts = td.chain_accepts(logits, labels, torch.tensor([1]), torch.tensor([6]))
+    assert accepts.tolist() == [3]
+    # Rooted at 3 with every draft right, the sequence's end (length 6) stops it: 1 + 2.
+    logits = torch.nn.functional.one_hot(torch.tensor([[8, 9, 9, 9]]), 12).float()
+    accepts = td.chain_accepts(logits, labels, torch.tensor([3]), torch.tensor([6]))
+    assert accepts.tolist() == [3]
 
 
 @pytest.mark.parametrize("budget", [1, 6, 40])

@@ -41,6 +41,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+import ddtree
+
 from . import datagen, dflash
 
 SHARD_BYTES = 15 * 2**20
@@ -224,37 +226,18 @@ def acceptance(w, cfg, embed, data: Data, per_seq: int, seed: int) -> float:
     return 1 + sum(depth_profile(w, cfg, embed, data, per_seq, seed))
 
 
-@torch.no_grad()
-def chain_accepts(w, cfg, embed, data: Data, n: int, chunk: int = 64) -> torch.Tensor:
-    """Sequence n's chain acceptance at every root position p of its response (start ..
-    length − 2): 1 + the leading block positions whose argmax is the target's token [P]."""
-    start, end = int(data.starts[n]), int(data.lengths[n])
-    one = data.take(torch.tensor([n], device=data.tokens.device))
-    out = []
-    for lo in range(start, end - 1, chunk):
-        at = torch.arange(lo, min(lo + chunk, end - 1), device=data.tokens.device).unsqueeze(0)
-        logits = dflash.block_logits(w, cfg, embed, one.taps.to(embed.dtype), one.tokens, at)
-        right = (logits.argmax(-1) == targets(one, at, cfg.block)).long().cumprod(-1)
-        out.append(1 + right.sum(-1)[0])
-    return torch.cat(out).cpu()
+def chain_accepts(
+    logits: torch.Tensor, labels: torch.Tensor, pos: torch.Tensor, lengths: torch.Tensor
+) -> torch.Tensor:
+    """Tokens a greedy verify of each request's chain commits [bs]: 1 + the leading block
+    positions of the draft `logits` [bs, L, V] rooted at `pos` whose argmax is the target's
+    greedy token there (``labels[pos + 1 + i]``, inside the sequence)."""
+    at = pos.unsqueeze(1) + 1 + torch.arange(logits.shape[1], device=pos.device)
+    want = labels.gather(1, at.clamp(max=labels.shape[1] - 1))
+    right = (logits.argmax(-1) == want) & (at < lengths.unsqueeze(1))
+    return 1 + right.long().cumprod(-1).sum(-1)
 
 
-def decode_acceptance(w, cfg, embed, data: Data, chunk: int = 64) -> float:
-    """Held-out tokens per round as a greedy chain decode gets them: from each sequence's
-    first root, rounds walk its (greedy) response, each from where the last one's accepted
-    tokens end. Lower than the mean over every position (`acceptance`): a decode starts
-    more of its rounds where the drafter is weak, since a strong round covers several
-    positions."""
-    tokens = rounds = 0
-    for n in range(len(data)):
-        a = chain_accepts(w, cfg, embed, data, n, chunk)
-        p = 0
-        while p < len(a):
-            tokens, rounds, p = tokens + int(a[p]), rounds + 1, p + int(a[p])
-    return tokens / max(rounds, 1)
-
-
-@torch.no_grad()
 def tree_accepts(tree, labels: torch.Tensor, pos: torch.Tensor, lengths: torch.Tensor):
     """Tokens a greedy verify of each request's `tree` commits [bs]: 1 + the depth of the
     deepest node whose path from the root is the target's greedy text (node at depth d
@@ -274,14 +257,13 @@ def tree_accepts(tree, labels: torch.Tensor, pos: torch.Tensor, lengths: torch.T
 
 
 @torch.no_grad()
-def tree_decode_acceptance(w, cfg, embed, data: Data, budget: int) -> float:
-    """Held-out tokens a round of greedy DDTree decoding with `budget`-node trees, as the
-    demo's decoder gets them on these (greedy) responses: from each response's first root,
-    every round drafts at its root, builds the tree (`ddtree.build_tree`), commits what the
-    target's greedy text accepts, and the next round starts after it. The sequences take
-    their rounds side by side."""
-    import ddtree
-
+def decode_rounds(w, cfg, embed, data: Data, commit) -> float:
+    """Held-out tokens a round of greedy decoding, as the demo's decoders get them on these
+    (greedy) responses: from each response's first root, every round drafts at its root,
+    `commit(logits [bs, L, V], roots, pos, part)` says how many tokens the target's greedy
+    text accepts, and the next round starts after them. The sequences take their rounds
+    side by side. Lower than the mean over every position (`acceptance`): a decode starts
+    more of its rounds where the drafter is weak, since a strong round covers several."""
     pos, end = data.starts.clone(), data.lengths - 1
     tokens = rounds = 0
     while True:
@@ -292,10 +274,25 @@ def tree_decode_acceptance(w, cfg, embed, data: Data, budget: int) -> float:
         logits = dflash.block_logits(w, cfg, embed, part.taps.to(embed.dtype), part.tokens,
                                      p.unsqueeze(1))[:, 0]  # fmt: skip
         roots = part.tokens.gather(1, p.unsqueeze(1)).squeeze(1)
-        tree = ddtree.build_tree(logits, roots, p, budget=budget)
-        a = tree_accepts(tree, part.labels, p, part.lengths)
+        a = commit(logits, roots, p, part)
         tokens, rounds = tokens + int(a.sum()), rounds + live.numel()
         pos[live] = p + a
+
+
+def decode_acceptance(w, cfg, embed, data: Data) -> float:
+    """`decode_rounds` of a chain: the draft's argmax at each depth."""
+    return decode_rounds(w, cfg, embed, data, lambda logits, roots, p, part: chain_accepts(
+        logits, part.labels, p, part.lengths))  # fmt: skip
+
+
+def tree_decode_acceptance(w, cfg, embed, data: Data, budget: int) -> float:
+    """`decode_rounds` of DDTree with `budget`-node trees (`ddtree.build_tree`)."""
+
+    def commit(logits, roots, p, part):
+        tree = ddtree.build_tree(logits, roots, p, budget=budget)
+        return tree_accepts(tree, part.labels, p, part.lengths)
+
+    return decode_rounds(w, cfg, embed, data, commit)
 
 
 def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
