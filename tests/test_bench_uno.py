@@ -112,3 +112,22 @@ def test_the_table_gives_unos_time_without_its_top_k_over_ddtrees_build(capsys):
     assert lines[1].split(" | ")[-5:] == ["    8", "   144.0", "        60.0", "     100.0",
                                           " " * 15 + "0.84x"]  # fmt: skip
     assert [c.strip() for c in lines[2].split(" | ")[-5:]] == ["-"] * 5
+
+
+def test_the_header_says_once_what_uno_the_run_has(tmp_path, monkeypatch, capsys):
+    import argparse
+
+    p = argparse.ArgumentParser()
+    monkeypatch.delenv("DDTREE_SGLANG_WHEEL", raising=False)
+    no_package(monkeypatch, "sglang")
+    assert bench_gpu.load_uno(p, "none") is None
+    assert bench_gpu.load_uno(p, None) is None
+    assert capsys.readouterr().out.splitlines() == [
+        "# UNO: left out (--uno none)",
+        "# UNO: not found (--uno PATH, $DDTREE_SGLANG_WHEEL or an installed sglang)",
+    ]
+    bad = tmp_path / "uno_tree.py"
+    bad.write_text("raise ImportError('not this release')\n")
+    with pytest.raises(SystemExit):  # a --uno file that does not load is an argument error
+        bench_gpu.load_uno(p, str(bad))
+    assert "--uno: not this release" in capsys.readouterr().err

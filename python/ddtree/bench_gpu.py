@@ -293,16 +293,25 @@ def check_limits(p: argparse.ArgumentParser, budgets, depth: int) -> None:
 
 
 def load_uno(p: argparse.ArgumentParser, path: str | None):
-    """`bench_uno.load`: a --uno file that cannot be loaded is an argument error; one found
-    on its own (an installed sglang of another release, a broken flashinfer) is reported
-    and the UNO columns are left out."""
+    """`bench_uno.load`, and the header line that says what UNO the run has: a --uno file
+    that cannot be loaded is an argument error; one found on its own (an installed sglang
+    of another release, a broken flashinfer) is reported and the UNO columns left out."""
+    if path == "none":
+        print("# UNO: left out (--uno none)")
+        return None
     try:
-        return bench_uno.load(path)
+        uno = bench_uno.load(path)
     except (ImportError, AttributeError, OSError, SyntaxError, ValueError) as e:
         if path or os.environ.get("DDTREE_SGLANG_WHEEL"):
             p.error(f"--uno: {e}")
         print(f"# UNO: could not load it ({type(e).__name__}: {e}); no UNO columns")
         return None
+    if uno is None:
+        print("# UNO: not found (--uno PATH, $DDTREE_SGLANG_WHEEL or an installed sglang)")
+    else:
+        print(f"# UNO: {uno.source}; its top-k: {uno.topk_name}; UNO−top-k / build@K is UNO's "
+              "time without its top-k over ddtree's whole build with the same K")  # fmt: skip
+    return uno
 
 
 def main(argv=None) -> int:
@@ -339,12 +348,7 @@ def main(argv=None) -> int:
         f"# L={args.depth} V={args.vocab} bf16 logits; GPU times: median of {args.replays} "
         f"graph replays (CUDA events); command: {' '.join(sys.argv)}"
     )
-    uno = None if args.uno == "none" else load_uno(p, args.uno)
-    if uno is None:
-        print("# UNO: not found (--uno PATH, $DDTREE_SGLANG_WHEEL or an installed sglang)")
-    else:
-        print(f"# UNO: {uno.source}; its top-k: {uno.topk_name}; UNO−top-k / build@K is UNO's "
-              "time without its top-k over ddtree's whole build with the same K")  # fmt: skip
+    uno = load_uno(p, args.uno)
     rows = []
     for bs in args.bs:
         for budget in args.budget:
