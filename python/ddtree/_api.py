@@ -22,8 +22,7 @@ def build_tree(
     x, roots, prefix, budget, topk = check_build(
         draft_logits, root_tokens, prefix_lens, budget, topk
     )
-    if vocab_start is not None:
-        raise ValueError("vocab_start: only meaningful with group=")
+    _vocab_parallel.no_vocab_start(group, vocab_start)
     bs, depth, vocab = x.shape
     k = k_of(budget, vocab, topk)
     tree = _buffers.new_tree(bs, depth, k, budget, x.device)
@@ -76,8 +75,7 @@ def accept_tree(
     checked("tree", tree, Tree)
     acc = _buffers.new_acceptance(tree.batch_size, tree.depth, tree.device)
     if group is None:
-        if vocab_start is not None:
-            raise ValueError("vocab_start: only meaningful with group=")
+        _vocab_parallel.no_vocab_start(group, vocab_start)
         accept_into(tree, target_logits, acc, temperature, top_k, top_p, generator)
         return acc
     sampling = (temperature, top_k, top_p, generator)

@@ -103,6 +103,12 @@ def agree(group, check) -> object:
     return result
 
 
+def no_vocab_start(group, vocab_start) -> None:
+    """A `vocab_start` without a `group` names the mistake (it places a shard)."""
+    if group is None and vocab_start is not None:
+        raise ValueError("vocab_start: only meaningful with group=")
+
+
 def check_cpu(x: torch.Tensor, name: str) -> None:
     if x.device.type != "cpu":
         raise ValueError(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _api, _attention, _buffers, _commit, _cuda, _sampling, _validate
+from . import _api, _attention, _buffers, _commit, _cuda, _sampling, _validate, _vocab_parallel
 from ._readback import READBACK_SLOTS, ReadbackRing
 from ._types import Acceptance, Tree
 
@@ -55,8 +55,7 @@ class Stepper:
         self._group, self._vocab_start = group, vocab_start
         if group is not None and self._cuda:
             raise ValueError("group: a vocab-parallel Stepper runs on device='cpu' for now")
-        if group is None and vocab_start is not None:
-            raise ValueError("vocab_start: only meaningful with group=")
+        _vocab_parallel.no_vocab_start(group, vocab_start)
         if self._cuda:
             self._check_cuda_limits()
             _cuda.prepare(self.device)
@@ -160,7 +159,6 @@ class Stepper:
 
     def _step_group(self, draft_logits, root_tokens, prefix_lens) -> Tree:
         """`step` on this rank's vocabulary shard, into the static buffers."""
-        from . import _vocab_parallel
 
         def into(bs: int, depth: int, k: int, vocab: int) -> Tree:
             if vocab != self.vocab:
@@ -219,8 +217,6 @@ class Stepper:
             self._acc = acc
             return acc
         if self._group is not None:
-            from . import _vocab_parallel
-
             sampling = (temperature, top_k, top_p, generator)
             _vocab_parallel.accept_into(tree, target_logits, acc, self._group,
                                         self._vocab_start, sampling)  # fmt: skip
