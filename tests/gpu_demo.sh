@@ -3,8 +3,9 @@
 # through the device tool. Needs:
 #   * the ddtree wheel: installed at /tmp/site by an earlier call, or wheels/ddtree-*.whl;
 #     this checkout's python/ddtree sources are copied over it (its compiled _core is kept);
-#   * the GGUF in parts (one call carries at most 64 MiB): .gguf/part_01 and .gguf/part_02,
-#     and part_00 in .gguf/ or saved at /tmp/g/part_00 by an earlier call on the same machine;
+#   * the GGUF, xz-compressed and split (one call carries at most 64 MiB): the parts
+#     .gguf/model.gguf.xz.part_NN, each carried by this call or copied to /tmp/g/ by an
+#     earlier call on the same machine (`mkdir -p /tmp/g && cp .gguf/* /tmp/g/`);
 #   * gguf: .whl/gguf-*.whl unless already importable (the machine's image lacks it).
 # STEPS (default "tests default demo"): `tests` runs tests/test_gpu_demo.py and the README
 # example's GPU test; `default` runs `python -m ddtree demo --device cuda` as a user would
@@ -18,6 +19,11 @@
 # train_ckpt/ (a git-ignored folder carried along) when it has one; the checkpoint's shards,
 # state.json and drafter.safetensors come back under $OUT/train (about 50 MB in 5 files for one
 # draft layer, Adam's moments in bf16: leave the other steps out of that call).
+# `sweep` trains drafter variants side by side on the one GPU: the target's responses decoded
+# once (`--responses-only`, TRAIN_ARGS' generation flags), then one train_drafter per
+# ';'-separated entry of TRAIN_SWEEP (its flags after TRAIN_ARGS), each for TRAIN_SECONDS
+# (default 300) of training; each one's log and best weights come back as $OUT/sweepN.log and
+# $OUT/sweepN.safetensors (no checkpoints).
 set -u -o pipefail
 OUT=${OUT:-/tmp/ddtree-demo-out}
 BS=${BS:-"1 8 32"}
@@ -41,8 +47,8 @@ if ! python3 -c "import gguf" 2>/dev/null && ls .whl/gguf-*.whl >/dev/null 2>&1;
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/gguf-*.whl || exit 1
 fi
 if [ ! -f /tmp/g/model.gguf ]; then
-    [ -f .gguf/part_00 ] && cp .gguf/part_00 /tmp/g/
-    cat /tmp/g/part_00 .gguf/part_01 .gguf/part_02 > /tmp/g/model.gguf || exit 1
+    cp .gguf/model.gguf.xz.part_* /tmp/g/ 2>/dev/null
+    cat /tmp/g/model.gguf.xz.part_* | xz -dc > /tmp/g/model.gguf || exit 1
 fi
 echo "$GGUF_MD5  /tmp/g/model.gguf" | md5sum -c --quiet || exit 1
 export DDTREE_GGUF=/tmp/g/model.gguf
@@ -89,6 +95,31 @@ EOF
             --out /tmp/train --minutes "$minutes" ${TRAIN_ARGS:-} \
             2>&1 | tee -a "$OUT/run.log" || status=1
         mkdir -p "$OUT/train" && cp -r /tmp/train/* "$OUT/train/" || status=1
+        ;;
+    sweep)
+        seconds=${TRAIN_SECONDS:-300}
+        rm -rf /tmp/sweep && mkdir -p /tmp/sweep
+        log "sweep: responses, ${TRAIN_ARGS:-}"
+        # shellcheck disable=SC2086
+        timeout 300 python3 -m ddtree.demo.train_drafter --device cuda --out /tmp/sweep/r \
+            --responses /tmp/sweep/responses.pt --responses-only ${TRAIN_ARGS:-} \
+            2>&1 | tee -a "$OUT/run.log" || status=1
+        IFS=';' read -ra variants <<< "${TRAIN_SWEEP:-}"
+        pids=()
+        for i in "${!variants[@]}"; do
+            log "sweep $i: ${variants[$i]}"
+            # shellcheck disable=SC2086
+            timeout $(( seconds + 120 )) python3 -m ddtree.demo.train_drafter --device cuda \
+                --out "/tmp/sweep/$i" --responses /tmp/sweep/responses.pt \
+                --minutes "$(python3 -c "print($seconds / 60)")" ${TRAIN_ARGS:-} \
+                ${variants[$i]} > "$OUT/sweep$i.log" 2>&1 &
+            pids+=($!)
+        done
+        for i in "${!pids[@]}"; do
+            wait "${pids[$i]}" || status=1
+            cp "/tmp/sweep/$i/drafter.safetensors" "$OUT/sweep$i.safetensors" || status=1
+        done
+        log "sweep done"
         ;;
     *) log "unknown step $step"; status=1 ;;
     esac

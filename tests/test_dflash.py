@@ -368,7 +368,7 @@ def test_the_training_job_runs_resumes_and_writes_its_record(tmp_path):
         device="cpu", layers=1, block=4, taps=(0, 2), prompts=12, max_new_tokens=6, steps=3,
         minutes=5.0, batch=4, anchors=3, gamma=2.0, lr=1e-3, every=1, seed=0, out=str(tmp_path),
         save_minutes=0.0, checkpoint_moments="bfloat16", samples=2, gen_batch=4, branch=0.5,
-        temperature=1.0, soft=0.5, tree_budgets=(3, 15),
+        temperature=1.0, soft=0.5, tree_budgets=(3, 15), responses=None, responses_only=False,
     )  # fmt: skip
     lines = []
     record = td.train(target, tok, args, log=lines.append)
@@ -389,6 +389,43 @@ def test_the_training_job_runs_resumes_and_writes_its_record(tmp_path):
     _, cfg, meta = td.load_weights(tmp_path / "drafter.safetensors", target.config)
     assert cfg.block == 4 and meta["step"] == again["best_step"] <= 5
     assert meta["held_out_acceptance"] == again["held_out_acceptance"] == again["best_held_out"]
+
+
+def test_a_responses_file_gives_other_drafters_the_same_data_without_decoding(tmp_path):
+    import types
+
+    from ddtree.demo import train_drafter as td
+
+    target, _, _, _ = drafter_setup()
+    tok = types.SimpleNamespace(chat=lambda text: [2 + (ord(c) % 90) for c in text[:8]])
+    path = tmp_path / "responses.pt"
+    args = types.SimpleNamespace(
+        device="cpu", layers=1, block=4, taps=(0, 2), prompts=12, max_new_tokens=6, steps=0,
+        minutes=5.0, batch=4, anchors=3, gamma=2.0, lr=1e-3, every=1, seed=3,
+        out=str(tmp_path / "a"), save_minutes=0.0, checkpoint_moments="bfloat16", samples=2,
+        gen_batch=4, branch=0.5, temperature=1.0, soft=0.0, tree_budgets=(3,),
+        responses=None, responses_only=True,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="responses_only"):
+        td.train(target, tok, args)
+    args.responses = str(path)
+    td.train(target, tok, args, log=lambda m: None)
+    assert path.exists() and not (tmp_path / "a").exists()
+    # What the file holds is what decoding gives, for a drafter of another shape too.
+    train_texts, held_texts = td.split(td.prompts()[:12])
+    parts, seconds = td.load_responses(path, td.responses_key(args))
+    fresh = td.respond_all(target, [tok.chat(t) for t in train_texts], 6, "cpu", 4, 3, 2,
+                           td.datagen.Policy(0.5, 1.0))  # fmt: skip
+    assert parts["train"] == fresh and len(parts["held"][0]) == len(held_texts) and seconds > 0
+    args.responses_only, args.layers, args.taps, args.steps = False, 2, (1, 2), 1
+    lines = []
+    record = td.train(target, tok, args, log=lines.append)
+    assert any(line.startswith("responses read from") for line in lines)
+    assert record["sequences"] == len(fresh[0]) and record["step"] == 1
+    # Other generation flags than the file's: refused, naming the argument.
+    args.samples = 3
+    with pytest.raises(ValueError, match="responses: .* was generated with"):
+        td.train(target, tok, args)
 
 
 def test_safetensors_round_trip_and_layout(tmp_path):

@@ -131,10 +131,18 @@ class Data:
 def generate(target, prompt_ids: list[list[int]], cfg: dflash.DraftConfig, max_new: int,
              device, bs: int = 256, seed: int = 0, samples: int = 1,
              policy: datagen.Policy = BRANCHING, log=None, final=False) -> Data:  # fmt: skip
-    """The target's responses to `prompt_ids` (`datagen.respond`, `bs` prompts at once):
-    one greedy response per prompt and ``samples`` − 1 more that follow `policy`; then each
-    sequence's tapped hidden states and labels (`datagen.annotate`, and with `final` the
-    target's final hidden states); `log` gets a line per copy."""
+    """The target's responses to `prompt_ids` (`respond_all`), annotated (`annotated`)."""
+    seqs, starts = respond_all(target, prompt_ids, max_new, device, bs, seed, samples, policy,
+                               log)  # fmt: skip
+    return annotated(target, cfg, seqs, starts, device, final)
+
+
+def respond_all(target, prompt_ids: list[list[int]], max_new: int, device, bs: int = 256,
+                seed: int = 0, samples: int = 1, policy: datagen.Policy = BRANCHING,
+                log=None) -> tuple[list[list[int]], list[int]]:  # fmt: skip
+    """(sequences, where each response starts): `datagen.respond` on `bs` prompts at once,
+    one greedy response per prompt and ``samples`` − 1 more that follow `policy`; `log`
+    gets a line per copy."""
     t0 = time.perf_counter()
     g = torch.Generator(device).manual_seed(seed)
     width = max(map(len, prompt_ids)) + max_new
@@ -152,9 +160,17 @@ def generate(target, prompt_ids: list[list[int]], cfg: dflash.DraftConfig, max_n
             made = sum(len(x) - n for x, n in zip(seqs, starts, strict=True))
             log(f"copy {copy + 1}/{samples}: {len(seqs)} responses, {made} tokens "
                 f"({time.perf_counter() - t0:.0f} s)")  # fmt: skip
+    return seqs, starts
+
+
+def annotated(target, cfg: dflash.DraftConfig, seqs: list[list[int]], starts: list[int],
+              device, final=False) -> Data:  # fmt: skip
+    """`seqs` with each one's tapped hidden states and labels (`datagen.annotate`, and with
+    `final` the target's final hidden states)."""
     tokens = datagen.padded(seqs, device)
     lengths = list(map(len, seqs))
     n, width = tokens.shape
+    engine = datagen.engine_for(target, width)
     taps = torch.zeros(n, width, len(cfg.taps) * target.config.hidden,
                        dtype=target.embed.dtype, device=device)  # fmt: skip
     labels = torch.full((n, width), -100, dtype=torch.int64, device=device)
@@ -163,6 +179,48 @@ def generate(target, prompt_ids: list[list[int]], cfg: dflash.DraftConfig, max_n
     datagen.annotate(engine, tokens, lengths, cfg.taps, taps, labels, last)
     return Data(tokens, taps, labels, torch.tensor(lengths, device=device),
                 torch.tensor(starts, device=device), last)  # fmt: skip
+
+
+# The responses a run generates, as a file that other runs (other drafter shapes, taps or
+# losses; the same prompts, lengths, seed and sampling) can start from instead of decoding
+# again: the decode is most of the data's time, the annotation a few seconds.
+def responses_key(args) -> dict:
+    return {
+        "prompts": args.prompts,
+        "max_new_tokens": args.max_new_tokens,
+        "seed": args.seed,
+        "samples": args.samples,
+        "branch": args.branch,
+        "temperature": args.temperature,
+    }
+
+
+def save_responses(path: pathlib.Path, key: dict, parts: dict, seconds: float) -> None:
+    """`parts` {name: (sequences, starts)} into `path` (written beside it, then renamed)."""
+    out = {"key": json.dumps(key, sort_keys=True), "seconds": seconds}
+    for name, (seqs, starts) in parts.items():
+        out[f"{name}.flat"] = torch.tensor([t for s in seqs for t in s], dtype=torch.int32)
+        out[f"{name}.lengths"] = torch.tensor(list(map(len, seqs)), dtype=torch.int64)
+        out[f"{name}.starts"] = torch.tensor(starts, dtype=torch.int64)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(out, tmp)
+    tmp.rename(path)
+
+
+def load_responses(path: pathlib.Path, key: dict) -> tuple[dict, float]:
+    """({name: (sequences, starts)}, the seconds their decode took) from `save_responses`;
+    ValueError when `path` was made with other generation flags than `key`."""
+    got = torch.load(path, weights_only=True)
+    if got["key"] != json.dumps(key, sort_keys=True):
+        raise ValueError(f"responses: {path} was generated with {got['key']}, not "
+                         f"{json.dumps(key, sort_keys=True)}")  # fmt: skip
+    parts = {}
+    for name in {k.split(".")[0] for k in got if k.endswith(".flat")}:
+        flat = got[f"{name}.flat"].tolist()
+        ends = got[f"{name}.lengths"].cumsum(0).tolist()
+        seqs = [flat[a:b] for a, b in zip([0] + ends[:-1], ends, strict=True)]
+        parts[name] = (seqs, got[f"{name}.starts"].tolist())
+    return parts, got["seconds"]
 
 
 def anchors(data: Data, per_seq: int, block: int, g: torch.Generator) -> torch.Tensor:
@@ -408,22 +466,48 @@ def draft_block(path) -> int:
     return int(json.loads(safetensors_io.metadata(path)["ddtree"])["block"])
 
 
+def responses(target, tok, args, device, train_texts, held_texts, log) -> tuple[dict, float]:
+    """({"train", "held"}: (sequences, starts)), the seconds their decode took): read from
+    ``args.responses`` when that file exists, else decoded (and written there if given)."""
+    key = responses_key(args)
+    path = pathlib.Path(args.responses) if args.responses else None
+    if path is not None and path.exists():
+        parts, seconds = load_responses(path, key)
+        log(f"responses read from {path} (their decode took {seconds:.0f} s)")
+        return parts, seconds
+    t0 = time.perf_counter()
+    policy = datagen.Policy(args.branch, args.temperature)
+    parts = {
+        "train": respond_all(target, [tok.chat(p) for p in train_texts], args.max_new_tokens,
+                             device, args.gen_batch, args.seed, args.samples, policy, log),
+        "held": respond_all(target, [tok.chat(p) for p in held_texts], args.max_new_tokens,
+                            device, args.gen_batch, args.seed + 1),
+    }  # fmt: skip
+    seconds = time.perf_counter() - t0
+    if path is not None:
+        save_responses(path, key, parts, seconds)
+    return parts, seconds
+
+
 def train(target, tok, args, log=print) -> dict:
     """The whole job (data, then steps until `args.steps` or `args.minutes`), resumable."""
     device = torch.device(args.device)
     if not 0 <= args.soft <= 1:
         raise ValueError(f"soft: must be in [0, 1], got {args.soft}")
+    if args.responses_only and not args.responses:
+        raise ValueError("responses_only: needs --responses, the file to write")
     cfg = dflash.DraftConfig(target.config, args.layers, args.block, tuple(args.taps))
     texts = prompts()[: args.prompts]
     train_texts, held_texts = split(texts)
+    parts, gen_s = responses(target, tok, args, device, train_texts, held_texts, log)
+    if args.responses_only:
+        log(f"responses written to {args.responses} ({gen_s:.0f} s); --responses-only: done")
+        return {"data_seconds": round(gen_s, 1)}
     t0 = time.perf_counter()
-    policy = datagen.Policy(args.branch, args.temperature)
-    data = generate(target, [tok.chat(p) for p in train_texts], cfg, args.max_new_tokens,
-                    device, args.gen_batch, args.seed, args.samples, policy, log,
-                    final=args.soft > 0)  # fmt: skip
-    held = generate(target, [tok.chat(p) for p in held_texts], cfg, args.max_new_tokens,
-                    device, args.gen_batch, args.seed + 1)  # fmt: skip
-    gen_s = time.perf_counter() - t0
+    data = annotated(target, cfg, *parts["train"], device, final=args.soft > 0)
+    held = annotated(target, cfg, *parts["held"], device)
+    # The data's time: its decode (perhaps by an earlier run) and this annotation.
+    gen_s += time.perf_counter() - t0
     tokens = int((data.lengths - data.starts).sum())
     log(f"data: {len(data)} sequences ({tokens} response tokens), {len(held)} held out, "
         f"{gen_s:.0f} s")  # fmt: skip
@@ -510,6 +594,14 @@ def parser() -> argparse.ArgumentParser:
                    help="temperature of those draws (default: 1.0)")  # fmt: skip
     p.add_argument("--gen-batch", type=int, default=256,
                    help="prompts decoded at once while generating (default: 256)")  # fmt: skip
+    p.add_argument("--responses", default=None,
+                   help="a file of the target's responses: read when it exists (made with "
+                   "the same generation flags), else written after decoding them")  # fmt: skip
+    p.add_argument(
+        "--responses-only",
+        action="store_true",
+        help="stop once the responses are decoded and written to --responses",
+    )
     p.add_argument("--steps", type=int, default=3000, help="default: 3000")
     p.add_argument("--minutes", type=float, default=12.0, help="stop after (default: 12)")
     p.add_argument("--batch", type=int, default=16, help="sequences per step (default: 16)")
