@@ -27,7 +27,7 @@
 set -u -o pipefail
 OUT=${OUT:-/tmp/ddtree-demo-out}
 BS=${BS:-"1 8 32"}
-STEPS=${STEPS:-"tests default demo"}
+STEPS=${STEPS-"tests default demo"}  # set but empty: install and join the GGUF only
 DEMO_ARGS=${DEMO_ARGS:-}
 TAG=${TAG:-}  # appended to the JSON file names, for runs of one bs with other DEMO_ARGS
 STEP_SECONDS=${STEP_SECONDS:-540}  # under the device call's 600 s

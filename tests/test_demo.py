@@ -471,8 +471,8 @@ def test_the_shipped_drafter_is_the_recorded_file():
     readme = (cli.SHIPPED_WEIGHTS.parent / "README.md").read_text()
     assert cli.SHIPPED_SHA256 in readme
     meta = json.loads(safetensors_io.metadata(cli.SHIPPED_WEIGHTS)["ddtree"])
-    assert (meta["layers"], meta["block"], meta["taps"]) == (1, 8, [1, 8, 14, 20, 27])
-    assert (meta["seed"], meta["step"], meta["response_tokens"]) == (0, 10000, 2106213)
+    assert (meta["layers"], meta["block"], meta["taps"]) == (2, 8, [1, 14, 27])
+    assert (meta["seed"], meta["step"], meta["response_tokens"]) == (0, 7000, 2106213)
     assert (meta["samples"], meta["branch"], meta["temperature"]) == (8, 0.2, 1.0)
     assert f"**{meta['held_out_acceptance']:.2f}**" in readme
 

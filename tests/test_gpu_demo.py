@@ -31,7 +31,7 @@ def setup(dtype, budget=15, max_new=24):
     prompts = [tok.chat(p) for p in PROMPTS]
     args = types.SimpleNamespace(
         max_new_tokens=max_new, depth=4, budget=(budget,), page_size=16, draft_layers=24,
-        temperature=0.0, drafter="early-exit", draft_weights=None,
+        temperature=0.0, drafter="early-exit", draft_weights=None, stop_at_eos=True,
     )  # fmt: skip
     engine = cli.new_engine(w, prompts, args, torch.device("cuda"))
     return engine, prompts, args

@@ -10,7 +10,7 @@ decoders over one batch of chat prompts, in one engine, and compare them:
 
 On CUDA every decode round is a replayed CUDA graph and the host queues rounds without
 reading the device; tokens/s counts the generated tokens over the decode (prefill left
-out). The drafter is the shipped one-layer DFlash drafter (``weights/``, trained with
+out). The drafter is the shipped two-layer DFlash drafter (``weights/``, trained with
 ``python -m ddtree.demo.train_drafter``); ``--drafter early-exit`` drafts with the target's
 own first 24 of 30 layers instead, which costs most of a round. In float32 (the CPU default)
 every decoder produces greedy's tokens; in bfloat16 they can part at near-ties, which the
@@ -31,7 +31,7 @@ import torch
 
 # The demo's DFlash drafter (weights/README.md: how it was trained, what it accepts).
 SHIPPED_WEIGHTS = pathlib.Path(__file__).parent / "weights" / "dflash-smollm2-135m.safetensors"
-SHIPPED_SHA256 = "3a3975dbb402d13c1c5ca80ffd93856256b6c7f57a221179e1ec91d46c11093a"
+SHIPPED_SHA256 = "bc668e80d307d442c4614cfac9d73515aceb5e67cb97a239eaefe8ae17cc1f98"
 
 PROMPTS = (
     "What is the capital of France?",
@@ -123,8 +123,8 @@ def check_args(args) -> str | None:
         args.max_new_tokens = 128 if cuda else 16
     if args.budget is None:
         # On two CPU cores a verify token costs a fair share of a forward, so a small tree
-        # pays best (BENCHMARKS.md, session 15: B = 3 1.66× greedy, B = 7 1.29×); on the
-        # H200 B = 15-31 (bs 1-8: 1.65-2.21×), B = 63 to show a larger tree's cost.
+        # pays best (BENCHMARKS.md, session 17: B = 3 1.52× greedy, B = 7 1.34×); on the
+        # H200 B = 15 (bs 1-32: 1.40-2.00×), 31 and 63 to show a larger tree's cost and gain.
         args.budget = (15, 31, 63) if cuda else (3,)
     if args.prompt and args.bs is not None:
         return "--bs: give either --prompt or --bs, not both"
@@ -373,7 +373,7 @@ CUDA_NOTE = (
 
 
 DRAFTER_NOTE = {
-    "dflash": " The drafter: a one-layer DFlash block drafter (its file, training and "
+    "dflash": " The drafter: a DFlash block drafter (the shipped one's file, training and "
     "acceptance: python/ddtree/demo/weights/README.md); the H200 numbers are in BENCHMARKS.md.",
     "early-exit": " The early-exit drafter costs most of a round, so DDTree with it cannot "
     "beat greedy; the H200 numbers are in BENCHMARKS.md.",
