@@ -16,7 +16,9 @@
 # `train` (not in the default STEPS) runs `python -m ddtree.demo.train_drafter` for
 # TRAIN_MINUTES (whole minutes, default 6; TRAIN_DATA_SECONDS, default 150, on top for the
 # data) with TRAIN_ARGS, resuming from the checkout's
-# train_ckpt/ (a git-ignored folder carried along) when it has one; the checkpoint's shards,
+# train_ckpt/ (a git-ignored folder carried along) when it has one, or with TRAIN_RESUME=1
+# from /tmp/train as an earlier call on the same warm machine left it (a two-layer
+# checkpoint is over what a call carries or brings back); the checkpoint's shards,
 # state.json and drafter.safetensors come back under $OUT/train (about 50 MB in 5 files for one
 # draft layer, Adam's moments in bf16: leave the other steps out of that call).
 # `sweep` trains drafter variants side by side on the one GPU: the target's responses decoded
@@ -85,8 +87,10 @@ EOF
     train)
         minutes=${TRAIN_MINUTES:-6}
         log "train_drafter $minutes min ${TRAIN_ARGS:-}"
-        rm -rf /tmp/train && mkdir -p /tmp/train
-        [ -d train_ckpt/checkpoint ] && cp -r train_ckpt/checkpoint /tmp/train/
+        if [ "${TRAIN_RESUME:-0}" != 1 ]; then
+            rm -rf /tmp/train && mkdir -p /tmp/train
+            [ -d train_ckpt/checkpoint ] && cp -r train_ckpt/checkpoint /tmp/train/
+        fi
         # shellcheck disable=SC2086
         # The data generation's minute or two on top of the training's own limit, within
         # the call (the checkpoint is also saved every two minutes).

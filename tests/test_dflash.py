@@ -369,10 +369,12 @@ def test_the_training_job_runs_resumes_and_writes_its_record(tmp_path):
         minutes=5.0, batch=4, anchors=3, gamma=2.0, lr=1e-3, every=1, seed=0, out=str(tmp_path),
         save_minutes=0.0, checkpoint_moments="bfloat16", samples=2, gen_batch=4, branch=0.5,
         temperature=1.0, soft=0.5, tree_budgets=(3, 15), responses=None, responses_only=False,
+        held_out_tokens=4,
     )  # fmt: skip
     lines = []
     record = td.train(target, tok, args, log=lines.append)
     assert record["step"] == 3 and record["sequences"] == 20 and record["held_out_acceptance"] >= 1
+    assert record["held_out_tokens"] == 4
     assert any(line.startswith("step 3/3: loss") for line in lines)
     # The chain's per-depth shares fall with depth and sum to the acceptance minus one.
     by_depth = record["held_out_by_depth"]
@@ -404,7 +406,7 @@ def test_a_responses_file_gives_other_drafters_the_same_data_without_decoding(tm
         minutes=5.0, batch=4, anchors=3, gamma=2.0, lr=1e-3, every=1, seed=3,
         out=str(tmp_path / "a"), save_minutes=0.0, checkpoint_moments="bfloat16", samples=2,
         gen_batch=4, branch=0.5, temperature=1.0, soft=0.0, tree_budgets=(3,),
-        responses=None, responses_only=True,
+        responses=None, responses_only=True, held_out_tokens=None,
     )  # fmt: skip
     with pytest.raises(ValueError, match="responses_only"):
         td.train(target, tok, args)
@@ -426,6 +428,26 @@ def test_a_responses_file_gives_other_drafters_the_same_data_without_decoding(tm
     args.samples = 3
     with pytest.raises(ValueError, match="responses: .* was generated with"):
         td.train(target, tok, args)
+
+
+def test_held_out_responses_cut_to_n_tokens_are_what_a_shorter_decode_gives():
+    from ddtree.demo import train_drafter as td
+
+    target, cfg, _, _ = drafter_setup(layers=1)
+    g = torch.Generator().manual_seed(5)
+    ids = [torch.randint(2, 97, (int(k),), generator=g).tolist() for k in range(5, 9)]
+    long = td.generate(target, ids, cfg, max_new=10, device="cpu", bs=4, seed=0)
+    short = td.generate(target, ids, cfg, max_new=4, device="cpu", bs=4, seed=0)
+    cut = td.cut(long, 4)
+    assert torch.equal(cut.lengths, short.lengths) and td.cut(long, None) is long
+    for n in range(len(ids)):
+        k = int(short.lengths[n])
+        assert torch.equal(cut.tokens[n, :k], short.tokens[n, :k])
+        assert torch.equal(cut.labels[n, :k], short.labels[n, :k])
+    cfg_w = dflash.DraftWeights.init(cfg, 0)
+    embed = target.embed.float()
+    assert td.decode_acceptance(cfg_w, cfg, embed, cut) == td.decode_acceptance(
+        cfg_w, cfg, embed, short)  # fmt: skip
 
 
 def test_safetensors_round_trip_and_layout(tmp_path):

@@ -181,6 +181,15 @@ def annotated(target, cfg: dflash.DraftConfig, seqs: list[list[int]], starts: li
                 torch.tensor(starts, device=device), last)  # fmt: skip
 
 
+def cut(data: Data, tokens: int | None) -> Data:
+    """`data` with each response cut after its first `tokens` tokens (None: whole). The
+    responses are greedy, so a cut one is what decoding only that many would give."""
+    if tokens is None:
+        return data
+    lengths = torch.minimum(data.lengths, data.starts + tokens)
+    return Data(data.tokens, data.taps, data.labels, lengths, data.starts, data.final)
+
+
 # The responses a run generates, as a file that other runs (other drafter shapes, taps or
 # losses; the same prompts, lengths, seed and sampling) can start from instead of decoding
 # again: the decode is most of the data's time, the annotation a few seconds.
@@ -494,6 +503,8 @@ def train(target, tok, args, log=print) -> dict:
     device = torch.device(args.device)
     if not 0 <= args.soft <= 1:
         raise ValueError(f"soft: must be in [0, 1], got {args.soft}")
+    if args.held_out_tokens is not None and args.held_out_tokens < 1:
+        raise ValueError(f"held_out_tokens: must be at least 1, got {args.held_out_tokens}")
     if args.responses_only and not args.responses:
         raise ValueError("responses_only: needs --responses, the file to write")
     cfg = dflash.DraftConfig(target.config, args.layers, args.block, tuple(args.taps))
@@ -505,7 +516,7 @@ def train(target, tok, args, log=print) -> dict:
         return {"data_seconds": round(gen_s, 1)}
     t0 = time.perf_counter()
     data = annotated(target, cfg, *parts["train"], device, final=args.soft > 0)
-    held = annotated(target, cfg, *parts["held"], device)
+    held = cut(annotated(target, cfg, *parts["held"], device), args.held_out_tokens)
     # The data's time: its decode (perhaps by an earlier run) and this annotation.
     gen_s += time.perf_counter() - t0
     tokens = int((data.lengths - data.starts).sum())
@@ -521,6 +532,8 @@ def train(target, tok, args, log=print) -> dict:
               "samples": args.samples, "branch": args.branch,
               "temperature": args.temperature, "soft": args.soft,
               "data_seconds": round(gen_s, 1)}  # fmt: skip
+    if args.held_out_tokens is not None:
+        record["held_out_tokens"] = args.held_out_tokens
     if (out / "checkpoint" / "state.json").exists():
         state = trainer.load(out / "checkpoint")
         # The time spent, and which step the weights file holds (a resumed run replaces it
@@ -611,6 +624,9 @@ def parser() -> argparse.ArgumentParser:
                    help="weight of the target's whole next-token distribution in the loss, "
                    "against its argmax (distillation; default: 0)")  # fmt: skip
     p.add_argument("--lr", type=float, default=6e-4, help="peak learning rate (default: 6e-4)")
+    p.add_argument("--held-out-tokens", type=int, default=None,
+                   help="judge the held-out responses on their first N tokens (default: all "
+                   "of --max-new-tokens)")  # fmt: skip
     p.add_argument("--tree-budgets", type=lambda t: tuple(int(x) for x in t.split(",")),
                    default=(15, 63), help="DDTree budgets whose held-out tokens a round "
                    "each new best step records (default: 15,63)")  # fmt: skip
