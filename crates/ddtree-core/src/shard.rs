@@ -8,7 +8,9 @@
 //! exactly the candidates the single-process [`crate::candidates::candidates`] gives the
 //! concatenated row: the rank order is comparisons only, and the fixed-point sum is exact.
 
-use crate::candidates::{fill_ineligible, normaliser, top_k_finite, NonFinite, RowCandidates};
+use crate::candidates::{
+    fill_ineligible, normaliser, top_k_finite, NonFinite, Ranked, RowCandidates,
+};
 use crate::logits::{Element, Row};
 use std::cmp::Ordering;
 
@@ -35,22 +37,22 @@ pub fn shard_top<T: Element>(
     Ok(max)
 }
 
-/// Rank order of the entries of gathered partials: finite values (descending, then id
-/// ascending), then `-inf` tokens (id ascending), then the `-1` padding.
+/// Rank order of the entries of gathered partials: finite values in [`Ranked`] order, then
+/// `-inf` tokens (id ascending), then the `-1` padding.
 fn rank_order(a: (f32, i64), b: (f32, i64)) -> Ordering {
     let class = |(v, id): (f32, i64)| match (v.is_finite(), id >= 0) {
         (true, _) => 0,
         (false, true) => 1,
         (false, false) => 2,
     };
-    class(a).cmp(&class(b)).then_with(|| {
-        if class(a) == 0 {
-            // Finite: partial_cmp never fails, and it ties -0.0 with 0.0 as the SPEC wants.
-            b.0.partial_cmp(&a.0).unwrap_or(Ordering::Equal)
-        } else {
-            Ordering::Equal
-        }
-        .then(a.1.cmp(&b.1))
+    // A finite entry has a token id (>= 0). Ranked's "greater" is "ranked earlier".
+    let ranked = |(value, id): (f32, i64)| Ranked {
+        value,
+        id: id as usize,
+    };
+    class(a).cmp(&class(b)).then_with(|| match class(a) {
+        0 => ranked(b).cmp(&ranked(a)),
+        _ => a.1.cmp(&b.1),
     })
 }
 

@@ -6,10 +6,9 @@
 use crate::buffers::{data_ptr, AccOut, TreeOut};
 use crate::checks::Checks;
 use crate::engine::round_key;
-use crate::tensor::{slice, TensorArg};
+use crate::tensor::{slice, with_logits, TensorArg};
 use ddtree_core::round::{Limits, Planner};
 use ddtree_cuda::{Dtype, Logits};
-use half::{bf16, f16};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
@@ -80,17 +79,9 @@ impl CpuEngine {
         let logits = tensor_arg(&x, "draft_logits")?;
         let l = self.planner.limits;
         let (root_ptr, prefix_ptr, tree) = (roots as usize, prefix as usize, &self.tree);
-        match x.dtype {
-            Dtype::F32 => {
-                crate::build_as::<f32>(py, &logits, root_ptr, prefix_ptr, l.budget, l.topk, tree)
-            }
-            Dtype::F16 => {
-                crate::build_as::<f16>(py, &logits, root_ptr, prefix_ptr, l.budget, l.topk, tree)
-            }
-            Dtype::Bf16 => {
-                crate::build_as::<bf16>(py, &logits, root_ptr, prefix_ptr, l.budget, l.topk, tree)
-            }
-        }?;
+        with_logits!(logits, "draft_logits", |x| crate::build_as(
+            py, x, root_ptr, prefix_ptr, l.budget, l.topk, tree
+        ))?;
         self.planner.resume(r);
         round_key(py, r)
     }
@@ -119,11 +110,9 @@ impl CpuEngine {
         );
         let args = (&links, &acc);
         match params {
-            None => match t.dtype {
-                Dtype::F32 => crate::accept_greedy_as::<f32>(py, &target, args),
-                Dtype::F16 => crate::accept_greedy_as::<f16>(py, &target, args),
-                Dtype::Bf16 => crate::accept_greedy_as::<bf16>(py, &target, args),
-            },
+            None => with_logits!(target, "target_logits", |x| crate::accept_greedy_as(
+                py, x, args
+            )),
             Some((temperature, top_k, top_p)) => {
                 let ptrs = (
                     data_ptr(&temperature)?,
@@ -132,11 +121,9 @@ impl CpuEngine {
                 );
                 // SAFETY: `_api.sampling_params` made them: [bs] CPU f64, i64, f64.
                 let p = unsafe { crate::sampling_params(ptrs, r.bs) };
-                match t.dtype {
-                    Dtype::F32 => crate::accept_sampled_as::<f32>(py, &target, args, &p, seed),
-                    Dtype::F16 => crate::accept_sampled_as::<f16>(py, &target, args, &p, seed),
-                    Dtype::Bf16 => crate::accept_sampled_as::<bf16>(py, &target, args, &p, seed),
-                }
+                with_logits!(target, "target_logits", |x| crate::accept_sampled_as(
+                    py, x, args, &p, seed
+                ))
             }
         }?;
         round_key(py, r)

@@ -17,9 +17,8 @@ use buffers::{data_ptr, AccOut, Links, TreeOut};
 use ddtree_core::batch::{self, Posterior};
 use ddtree_core::logits::{Element, Logits3};
 use ddtree_core::sample::SamplingParams;
-use half::{bf16, f16};
 use pyo3::prelude::*;
-use tensor::{slice, slice_mut, tensor_arg, LogitsDtype, TensorArg};
+use tensor::{slice, slice_mut, tensor_arg, with_logits, TensorArg};
 
 /// SPEC stages 2–3 from the stage-1 results already in `out` (`topk_logprobs`, `topk_ids`)
 /// and `eligible` (int32 `[bs * L]`, -1 for a rejected row).
@@ -78,48 +77,26 @@ fn build_tree(
     topk: Option<usize>,
     out: TreeOut,
 ) -> PyResult<usize> {
-    match draft_logits.logits_dtype("draft_logits")? {
-        LogitsDtype::F32 => build_as::<f32>(
-            py,
-            &draft_logits,
-            root_tokens,
-            prefix_lens,
-            budget,
-            topk,
-            &out,
-        ),
-        LogitsDtype::F16 => build_as::<f16>(
-            py,
-            &draft_logits,
-            root_tokens,
-            prefix_lens,
-            budget,
-            topk,
-            &out,
-        ),
-        LogitsDtype::Bf16 => build_as::<bf16>(
-            py,
-            &draft_logits,
-            root_tokens,
-            prefix_lens,
-            budget,
-            topk,
-            &out,
-        ),
-    }
+    with_logits!(draft_logits, "draft_logits", |l| build_as(
+        py,
+        l,
+        root_tokens,
+        prefix_lens,
+        budget,
+        topk,
+        &out
+    ))
 }
 
 pub(crate) fn build_as<T: Element>(
     py: Python<'_>,
-    logits: &TensorArg,
+    logits: Logits3<'_, T>,
     root_tokens: usize,
     prefix_lens: usize,
     budget: usize,
     topk: Option<usize>,
     out: &TreeOut,
 ) -> PyResult<usize> {
-    // SAFETY: the Python layer passes live, checked tensors (tensor.rs).
-    let logits: Logits3<'_, T> = unsafe { logits.logits3("draft_logits")? };
     let s = batch::Shape::new(logits.shape(), budget, topk).map_err(errors::to_py)?;
     // SAFETY: live, checked tensors sized for `s` (tensor.rs).
     let bufs = unsafe { out.buffers(&s) };
@@ -143,20 +120,17 @@ fn accept_greedy(
     acc: AccOut,
 ) -> PyResult<()> {
     let args = (&tree, &acc);
-    match target_logits.logits_dtype("target_logits")? {
-        LogitsDtype::F32 => accept_greedy_as::<f32>(py, &target_logits, args),
-        LogitsDtype::F16 => accept_greedy_as::<f16>(py, &target_logits, args),
-        LogitsDtype::Bf16 => accept_greedy_as::<bf16>(py, &target_logits, args),
-    }
+    with_logits!(target_logits, "target_logits", |l| accept_greedy_as(
+        py, l, args
+    ))
 }
 
 pub(crate) fn accept_greedy_as<T: Element>(
     py: Python<'_>,
-    target: &TensorArg,
+    target: Logits3<'_, T>,
     (tree, acc): (&Links, &AccOut),
 ) -> PyResult<()> {
     // SAFETY: live, checked tensors (tensor.rs).
-    let target: Logits3<'_, T> = unsafe { target.logits3("target_logits")? };
     let (links, out) = unsafe { (tree.batch(), acc.batch()) };
     py.detach(|| batch::accept_tree(links, Posterior::Greedy(target), out))
         .map_err(errors::to_py)
@@ -180,11 +154,9 @@ fn accept_sampled(
     // SAFETY: live, checked tensors (tensor.rs).
     let params = unsafe { sampling_params((temperature, top_k, top_p), tree.bs()) };
     let args = (&tree, &acc);
-    match target_logits.logits_dtype("target_logits")? {
-        LogitsDtype::F32 => accept_sampled_as::<f32>(py, &target_logits, args, &params, seed),
-        LogitsDtype::F16 => accept_sampled_as::<f16>(py, &target_logits, args, &params, seed),
-        LogitsDtype::Bf16 => accept_sampled_as::<bf16>(py, &target_logits, args, &params, seed),
-    }
+    with_logits!(target_logits, "target_logits", |l| accept_sampled_as(
+        py, l, args, &params, seed
+    ))
 }
 
 /// Per-request sampling parameters from `[bs]` float64 temperature, int64 top_k and
@@ -212,13 +184,12 @@ pub(crate) unsafe fn sampling_params(
 
 pub(crate) fn accept_sampled_as<T: Element>(
     py: Python<'_>,
-    target: &TensorArg,
+    target: Logits3<'_, T>,
     (tree, acc): (&Links, &AccOut),
     params: &[SamplingParams],
     seed: u64,
 ) -> PyResult<()> {
     // SAFETY: live, checked tensors (tensor.rs).
-    let target: Logits3<'_, T> = unsafe { target.logits3("target_logits")? };
     let (links, out) = unsafe { (tree.batch(), acc.batch()) };
     let posterior = Posterior::Sampled {
         target,

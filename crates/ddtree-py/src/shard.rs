@@ -4,46 +4,11 @@
 
 use crate::buffers::data_ptr;
 use crate::errors;
-use crate::tensor::{slice, slice_mut, tensor_arg, LogitsDtype, TensorArg};
+use crate::tensor::{slice, slice_mut, tensor_arg, with_logits, TensorArg};
 use ddtree_core::batch::{self, Partials};
 use ddtree_core::logits::{Element, Logits3};
 use ddtree_core::sample::SamplingParams;
-use half::{bf16, f16};
 use pyo3::prelude::*;
-
-/// Runs `f` on `logits` viewed with its own element type.
-fn on_logits<R>(
-    logits: &TensorArg,
-    arg: &'static str,
-    f: impl FnOnce(LogitsView<'_>) -> ddtree_core::Result<R>,
-) -> PyResult<R> {
-    // SAFETY: the Python layer passes a live, checked tensor (tensor.rs).
-    let view = unsafe {
-        match logits.logits_dtype(arg)? {
-            LogitsDtype::F32 => LogitsView::F32(logits.logits3(arg)?),
-            LogitsDtype::F16 => LogitsView::F16(logits.logits3(arg)?),
-            LogitsDtype::Bf16 => LogitsView::Bf16(logits.logits3(arg)?),
-        }
-    };
-    f(view).map_err(errors::to_py)
-}
-
-enum LogitsView<'a> {
-    F32(Logits3<'a, f32>),
-    F16(Logits3<'a, f16>),
-    Bf16(Logits3<'a, bf16>),
-}
-
-impl LogitsView<'_> {
-    fn rows(&self) -> usize {
-        let [bs, depth, _] = match self {
-            Self::F32(l) => l.shape(),
-            Self::F16(l) => l.shape(),
-            Self::Bf16(l) => l.shape(),
-        };
-        bs * depth
-    }
-}
 
 fn partials_as<T: Element>(
     l: Logits3<'_, T>,
@@ -79,13 +44,9 @@ pub fn shard_partials(
     #[pyo3(from_py_with = data_ptr)] bad: usize,
 ) -> PyResult<()> {
     let out = [values, ids, maxima, bad];
-    on_logits(&shard_logits, "shard_logits", |view| {
-        py.detach(|| match view {
-            LogitsView::F32(l) => partials_as(l, start, k, out),
-            LogitsView::F16(l) => partials_as(l, start, k, out),
-            LogitsView::Bf16(l) => partials_as(l, start, k, out),
-        })
-    })
+    with_logits!(shard_logits, "shard_logits", |l| py
+        .detach(|| partials_as(l, start, k, out))
+        .map_err(errors::to_py))
 }
 
 /// A shard's fixed-point exp-sums against the rows' global `maxima` `[rows]`, into `sums`
@@ -97,17 +58,13 @@ pub fn shard_sums(
     #[pyo3(from_py_with = data_ptr)] maxima: usize,
     #[pyo3(from_py_with = data_ptr)] sums: usize,
 ) -> PyResult<()> {
-    on_logits(&shard_logits, "shard_logits", |view| {
-        let rows = view.rows();
-        // SAFETY: contiguous tensors of these sizes (the Python layer allocates them).
-        let (maxima, sums) =
-            unsafe { (slice::<f32>(maxima, rows), slice_mut::<i64>(sums, 2 * rows)) };
-        py.detach(|| match view {
-            LogitsView::F32(l) => batch::shard_sums(l, maxima, sums),
-            LogitsView::F16(l) => batch::shard_sums(l, maxima, sums),
-            LogitsView::Bf16(l) => batch::shard_sums(l, maxima, sums),
-        })
-    })
+    let (shape, _) = shard_logits.shape3("shard_logits")?;
+    let rows = shape[0] * shape[1];
+    // SAFETY: contiguous tensors of these sizes (the Python layer allocates them).
+    let (maxima, sums) = unsafe { (slice::<f32>(maxima, rows), slice_mut::<i64>(sums, 2 * rows)) };
+    with_logits!(shard_logits, "shard_logits", |l| py
+        .detach(|| batch::shard_sums(l, maxima, sums))
+        .map_err(errors::to_py))
 }
 
 /// Merges `tp` shards' gathered partials of `rows` rows into `lp`/`ti` `[rows, k]` and
@@ -180,11 +137,7 @@ pub fn shard_posteriors(
             top_p: 1.0,
         })
         .collect();
-    on_logits(&target_shard, "target_logits", |view| {
-        py.detach(|| match view {
-            LogitsView::F32(l) => batch::shard_posteriors(l, start, &params, seed, values, ids),
-            LogitsView::F16(l) => batch::shard_posteriors(l, start, &params, seed, values, ids),
-            LogitsView::Bf16(l) => batch::shard_posteriors(l, start, &params, seed, values, ids),
-        })
-    })
+    with_logits!(target_shard, "target_logits", |l| py
+        .detach(|| batch::shard_posteriors(l, start, &params, seed, values, ids))
+        .map_err(errors::to_py))
 }

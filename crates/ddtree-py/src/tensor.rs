@@ -29,6 +29,30 @@ pub fn tensor_arg(t: &Bound<'_, PyAny>) -> PyResult<TensorArg> {
     })
 }
 
+/// Evaluates `$body` with `$l` bound to the logits tensor `$t` (a [`TensorArg`] from the
+/// Python layer) viewed as a `Logits3` of its own element type: the one place where the
+/// three logits dtypes become Rust types. Propagates the dtype and shape errors with `?`.
+macro_rules! with_logits {
+    ($t:expr, $arg:expr, |$l:ident| $body:expr) => {{
+        // SAFETY: the Python layer passes live, checked tensors (the module comment).
+        match $t.logits_dtype($arg)? {
+            $crate::tensor::LogitsDtype::F32 => {
+                let $l = unsafe { $t.logits3::<f32>($arg)? };
+                $body
+            }
+            $crate::tensor::LogitsDtype::F16 => {
+                let $l = unsafe { $t.logits3::<half::f16>($arg)? };
+                $body
+            }
+            $crate::tensor::LogitsDtype::Bf16 => {
+                let $l = unsafe { $t.logits3::<half::bf16>($arg)? };
+                $body
+            }
+        }
+    }};
+}
+pub(crate) use with_logits;
+
 /// Element type of a logits tensor.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum LogitsDtype {
