@@ -159,7 +159,7 @@ def tiny_data(target, cfg, n=6, samples=2):
 
     g = torch.Generator().manual_seed(11)
     ids = [torch.randint(2, 97, (int(k),), generator=g).tolist() for k in range(5, 5 + n)]
-    return td.generate(target, ids, cfg, max_new=10, device="cpu", bs=4, seed=0,
+    return td.generate(target, ids, cfg, max_new=10, bs=4, seed=0,
                        samples=samples, policy=datagen.Policy(0.5, 1.0))  # fmt: skip
 
 
@@ -314,7 +314,7 @@ def test_the_distillation_loss_is_the_cross_entropy_against_the_targets_distribu
     target, cfg, w, _ = drafter_setup(layers=1)
     g = torch.Generator().manual_seed(11)
     ids = [torch.randint(2, 97, (int(k),), generator=g).tolist() for k in (5, 7, 6)]
-    data = td.generate(target, ids, cfg, max_new=8, device="cpu", bs=2, seed=0,
+    data = td.generate(target, ids, cfg, max_new=8, bs=2, seed=0,
                        policy=datagen.Policy(0.5), final=True)  # fmt: skip
     engine = Engine(target, Pool(target, 1, 40, 4, "cpu", torch.float32), draft_layers=1)
     at = td.anchors(data, 3, cfg.block, torch.Generator().manual_seed(1))
@@ -416,7 +416,8 @@ def test_a_responses_file_gives_other_drafters_the_same_data_without_decoding(tm
     # What the file holds is what decoding gives, for a drafter of another shape too.
     train_texts, held_texts = td.split(td.prompts()[:12])
     parts, seconds = td.load_responses(path, td.responses_key(args))
-    fresh = td.respond_all(target, [tok.chat(t) for t in train_texts], 6, "cpu", 4, 3, 2,
+    ids = [tok.chat(t) for t in train_texts]
+    fresh = td.respond_all(td.data_engine(target, ids, 6), ids, 6, 4, 3, 2,
                            td.datagen.Policy(0.5, 1.0))  # fmt: skip
     assert parts["train"] == fresh and len(parts["held"][0]) == len(held_texts) and seconds > 0
     args.responses_only, args.layers, args.taps, args.steps = False, 2, (1, 2), 1
@@ -436,8 +437,8 @@ def test_held_out_responses_cut_to_n_tokens_are_what_a_shorter_decode_gives():
     target, cfg, _, _ = drafter_setup(layers=1)
     g = torch.Generator().manual_seed(5)
     ids = [torch.randint(2, 97, (int(k),), generator=g).tolist() for k in range(5, 9)]
-    long = td.generate(target, ids, cfg, max_new=10, device="cpu", bs=4, seed=0)
-    short = td.generate(target, ids, cfg, max_new=4, device="cpu", bs=4, seed=0)
+    long = td.generate(target, ids, cfg, max_new=10, bs=4, seed=0)
+    short = td.generate(target, ids, cfg, max_new=4, bs=4, seed=0)
     cut = td.cut(long, 4)
     assert torch.equal(cut.lengths, short.lengths) and td.cut(long, None) is long
     for n in range(len(ids)):

@@ -136,25 +136,30 @@ class Data:
 
 
 def generate(target, prompt_ids: list[list[int]], cfg: dflash.DraftConfig, max_new: int,
-             device, bs: int = 256, seed: int = 0, samples: int = 1,
+             bs: int = 256, seed: int = 0, samples: int = 1,
              policy: datagen.Policy = BRANCHING, log=None, final=False) -> Data:  # fmt: skip
-    """The target's responses to `prompt_ids` (`respond_all`), annotated (`annotated`)."""
-    seqs, starts = respond_all(target, prompt_ids, max_new, device, bs, seed, samples, policy,
-                               log)  # fmt: skip
-    return annotated(target, cfg, seqs, starts, device, final)
+    """The target's responses to `prompt_ids` (`respond_all`), annotated (`annotated`), by
+    one engine on the target's device."""
+    engine = data_engine(target, prompt_ids, max_new)
+    seqs, starts = respond_all(engine, prompt_ids, max_new, bs, seed, samples, policy, log)
+    return annotated(engine, cfg, seqs, starts, final)
 
 
-def respond_all(target, prompt_ids: list[list[int]], max_new: int, device, bs: int = 256,
+def data_engine(target, prompt_ids: list[list[int]], max_new: int):
+    """The engine that decodes and annotates the responses to `prompt_ids` (its RoPE tables
+    reach the longest prompt plus `max_new`; made once: it fuses the target's weights)."""
+    return datagen.engine_for(target, max(map(len, prompt_ids)) + max_new)
+
+
+def respond_all(engine, prompt_ids: list[list[int]], max_new: int, bs: int = 256,
                 seed: int = 0, samples: int = 1, policy: datagen.Policy = BRANCHING,
                 log=None) -> tuple[list[list[int]], list[int]]:  # fmt: skip
     """(sequences, where each response starts): `datagen.respond` on `bs` prompts at once,
     one greedy response per prompt and ``samples`` − 1 more that follow `policy`; `log`
     gets a line per copy."""
     t0 = time.perf_counter()
-    g = torch.Generator(device).manual_seed(seed)
-    width = max(map(len, prompt_ids)) + max_new
-    engine = datagen.engine_for(target, width)
-    eos = target.config.eos_id
+    g = torch.Generator(engine.device).manual_seed(seed)
+    eos = engine.cfg.eos_id
     seqs, starts = [], []
     for copy in range(samples):
         pol = policy if copy else datagen.Policy()
@@ -170,19 +175,17 @@ def respond_all(target, prompt_ids: list[list[int]], max_new: int, device, bs: i
     return seqs, starts
 
 
-def annotated(target, cfg: dflash.DraftConfig, seqs: list[list[int]], starts: list[int],
-              device, final=False) -> Data:  # fmt: skip
+def annotated(engine, cfg: dflash.DraftConfig, seqs: list[list[int]], starts: list[int],
+              final=False) -> Data:  # fmt: skip
     """`seqs` with each one's tapped hidden states and labels (`datagen.annotate`, and with
     `final` the target's final hidden states)."""
+    device, dtype, hidden = engine.device, engine.w.embed.dtype, engine.cfg.hidden
     tokens = datagen.padded(seqs, device)
     lengths = list(map(len, seqs))
     n, width = tokens.shape
-    engine = datagen.engine_for(target, width)
-    taps = torch.zeros(n, width, len(cfg.taps) * target.config.hidden,
-                       dtype=target.embed.dtype, device=device)  # fmt: skip
+    taps = torch.zeros(n, width, len(cfg.taps) * hidden, dtype=dtype, device=device)
     labels = torch.full((n, width), -100, dtype=torch.int64, device=device)
-    last = torch.zeros(n, width, target.config.hidden, dtype=target.embed.dtype,
-                       device=device) if final else None  # fmt: skip
+    last = torch.zeros(n, width, hidden, dtype=dtype, device=device) if final else None
     datagen.annotate(engine, tokens, lengths, cfg.taps, taps, labels, last)
     return Data(tokens, taps, labels, torch.tensor(lengths, device=device),
                 torch.tensor(starts, device=device), last)  # fmt: skip
@@ -482,7 +485,7 @@ def draft_block(path) -> int:
     return int(json.loads(safetensors_io.metadata(path)["ddtree"])["block"])
 
 
-def responses(target, tok, args, device, train_texts, held_texts, log) -> tuple[dict, float]:
+def responses(engine, args, train_ids, held_ids, log) -> tuple[dict, float]:
     """({"train", "held"}: (sequences, starts)), the seconds their decode took): read from
     ``args.responses`` when that file exists, else decoded (and written there if given)."""
     key = responses_key(args)
@@ -494,10 +497,10 @@ def responses(target, tok, args, device, train_texts, held_texts, log) -> tuple[
     t0 = time.perf_counter()
     policy = datagen.Policy(args.branch, args.temperature)
     parts = {
-        "train": respond_all(target, [tok.chat(p) for p in train_texts], args.max_new_tokens,
-                             device, args.gen_batch, args.seed, args.samples, policy, log),
-        "held": respond_all(target, [tok.chat(p) for p in held_texts], args.max_new_tokens,
-                            device, args.gen_batch, args.seed + 1),
+        "train": respond_all(engine, train_ids, args.max_new_tokens, args.gen_batch, args.seed,
+                             args.samples, policy, log),
+        "held": respond_all(engine, held_ids, args.max_new_tokens, args.gen_batch,
+                            args.seed + 1),
     }  # fmt: skip
     seconds = time.perf_counter() - t0
     if path is not None:
@@ -516,14 +519,16 @@ def train(target, tok, args, log=print) -> dict:
         raise ValueError("responses_only: needs --responses, the file to write")
     cfg = dflash.DraftConfig(target.config, args.layers, args.block, tuple(args.taps))
     texts = prompts()[: args.prompts]
-    train_texts, held_texts = split(texts)
-    parts, gen_s = responses(target, tok, args, device, train_texts, held_texts, log)
+    train_ids, held_ids = ([tok.chat(p) for p in part] for part in split(texts))
+    engine = data_engine(target, train_ids + held_ids, args.max_new_tokens)
+    parts, gen_s = responses(engine, args, train_ids, held_ids, log)
     if args.responses_only:
         log(f"responses written to {args.responses} ({gen_s:.0f} s); --responses-only: done")
         return {"data_seconds": round(gen_s, 1)}
     t0 = time.perf_counter()
-    data = annotated(target, cfg, *parts["train"], device, final=args.soft > 0)
-    held = cut(annotated(target, cfg, *parts["held"], device), args.held_out_tokens)
+    data = annotated(engine, cfg, *parts["train"], final=args.soft > 0)
+    held = cut(annotated(engine, cfg, *parts["held"]), args.held_out_tokens)
+    del engine  # its fused copy of the target's weights
     # The data's time: its decode (perhaps by an earlier run) and this annotation.
     gen_s += time.perf_counter() - t0
     tokens = int((data.lengths - data.starts).sum())
