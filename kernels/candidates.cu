@@ -60,9 +60,10 @@ struct Part {
   extern "C" __global__ void __launch_bounds__(ddtree::kSumThreads)                       \
       SUMS(const __grid_constant__ ddtree::PartialParams p) {                             \
     __shared__ ddtree::U128 scratch[32];                                                    \
+    __shared__ float max_scratch[32];                                                       \
     const ddtree::Part<T> part(p, blockIdx.x, blockIdx.y);                                   \
     const long long row0 = static_cast<long long>(blockIdx.y) * p.parts;                    \
-    const float m = ddtree::parts_max(p.maxima + row0, p.parts);                            \
+    const float m = ddtree::parts_max(p.maxima + row0, p.parts, max_scratch);               \
     ddtree::partial_sum_row<T>(part.ptr, p.s2, part.len, m,                                 \
                                reinterpret_cast<ddtree::U128*>(p.sums) + part.at, scratch); \
   }

@@ -43,11 +43,13 @@ __device__ void partial_row(const T* __restrict__ part, long long stride, int le
   }
 }
 
-// The row's maximum over its `parts` parts' maxima (comparisons only: the same everywhere).
-__device__ __forceinline__ float parts_max(const float* __restrict__ maxima, int parts) {
+// The row's maximum over its `parts` parts' maxima (comparisons only: the same on every
+// rank), reduced over the block; `scratch` holds 32 floats.
+__device__ __forceinline__ float parts_max(const float* __restrict__ maxima, int parts,
+                                           float* scratch) {
   float m = -INFINITY;
-  for (int j = 0; j < parts; ++j) m = fmaxf(m, maxima[j]);
-  return m;
+  for (int j = threadIdx.x; j < parts; j += blockDim.x) m = fmaxf(m, maxima[j]);
+  return block_max(m, scratch);
 }
 
 // One part's fixed-point sum against the row maximum `m` (NaN and +inf add nothing: such a
@@ -120,7 +122,7 @@ __device__ void merge_row(const float* __restrict__ values, const long long* __r
   U128 sum{0ull, 0ull};
   for (int j = threadIdx.x; j < parts; j += blockDim.x) sum = add128(sum, sums[j]);
   sum = block_sum128(sum, s.uscratch);
-  const float m = parts_max(maxima, parts);
+  const float m = parts_max(maxima, parts, s.fscratch);
   const float z = (m == -INFINITY) ? -INFINITY : fixed_normaliser(m, sum);
   const uint32_t ninf = neg_inf_key();
   int local_elig = 0;
