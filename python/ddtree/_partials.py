@@ -37,17 +37,31 @@ def parts(x: torch.Tensor, chunk: int, arrays: dict, which: str, part_base=0, id
     _core.cuda_stage1_parts(*launch_on(x.device), which, x, chunk, part_base, id0, arrays)
 
 
-def merge(arrays: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(log-probs float32 ``[rows, k]``, ids int64, eligible int32 ``[rows]``, NaN/+inf flag
-    int32) from complete part arrays."""
+def merge_outputs(rows: int, k: int, device) -> tuple:
+    """Empty (log-probs float32 ``[rows, k]``, ids int64, eligible int32 ``[rows]``,
+    NaN/+inf flag int32) for `merge`."""
+    return (
+        torch.empty(rows, k, dtype=torch.float32, device=device),
+        torch.empty(rows, k, dtype=torch.int64, device=device),
+        torch.empty(rows, dtype=torch.int32, device=device),
+        torch.empty(rows, dtype=torch.int32, device=device),
+    )
+
+
+def merge(arrays: dict, out: tuple | None = None) -> tuple:
+    """Stage 1's (log-probs, ids, eligible, flags) from complete part arrays, into `out`
+    (`merge_outputs`) or new tensors."""
     rows, _, k = arrays["values"].shape
-    device = arrays["values"].device
-    lp = torch.empty(rows, k, dtype=torch.float32, device=device)
-    ti = torch.empty(rows, k, dtype=torch.int64, device=device)
-    eligible = torch.empty(rows, dtype=torch.int32, device=device)
-    bad = torch.empty(rows, dtype=torch.int32, device=device)
-    _core.cuda_stage1_merge(*launch_on(device), arrays, lp, ti, eligible, bad)
-    return lp, ti, eligible, bad
+    if out is None:
+        out = merge_outputs(rows, k, arrays["values"].device)
+    _core.cuda_stage1_merge(*launch_on(out[0].device), arrays, *out)
+    return out
+
+
+def chunk_for(vocab: int, k: int, rows: int, device) -> int:
+    """The part size that fills `device` (two part blocks an SM) for `rows` rows."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return _core.cuda_part_chunk(vocab, k, rows, 2 * sms)
 
 
 def candidates(shards: list[torch.Tensor], k: int, chunk: int):

@@ -206,3 +206,10 @@ pub fn cuda_stage1_merge(
     })
     .map_err(errors::cuda_to_py)
 }
+
+/// The part size that gives `rows` rows of `vocab` tokens about `blocks` part blocks in
+/// all, within the merge's room for `k`-long lists (`ddtree_cuda::partials::chunk_for`).
+#[pyfunction]
+pub fn cuda_part_chunk(vocab: usize, k: usize, rows: usize, blocks: usize) -> usize {
+    ddtree_cuda::partials::chunk_for(vocab, k, rows, blocks)
+}
