@@ -1,6 +1,6 @@
 // Entry points of SPEC stage 1 (see include/ddtree/candidates.cuh): one block per
 // (request, depth) row; row r = b * L + d reads logits + b*s0 + d*s1 with vocab stride s2.
-// Stage 1 as partials (include/ddtree/partials.cuh): blockIdx (part, row) for the parts
+// Stage 1 as partials (include/ddtree/partials.cuh): blockIdx (row, part) for the parts
 // and their sums, one block per row for the merge.
 #include "ddtree/candidates.cuh"
 #include "ddtree/params.h"
@@ -52,7 +52,7 @@ struct Part {
       NAME(const __grid_constant__ ddtree::PartialParams p) {                             \
     extern __shared__ __align__(16) char smem[];                                            \
     ddtree::CandShared& s = *reinterpret_cast<ddtree::CandShared*>(smem);                    \
-    const ddtree::Part<T> part(p, blockIdx.x, blockIdx.y);                                   \
+    const ddtree::Part<T> part(p, blockIdx.y, blockIdx.x);                                   \
     ddtree::partial_row<T>(part.ptr, p.s2, part.len, p.K, p.id0 + part.first,               \
                            p.values + part.at * p.K, p.ids + part.at * p.K,                 \
                            p.maxima + part.at, p.bad + part.at, s);                         \
@@ -61,8 +61,8 @@ struct Part {
       SUMS(const __grid_constant__ ddtree::PartialParams p) {                             \
     __shared__ ddtree::U128 scratch[32];                                                    \
     __shared__ float max_scratch[32];                                                       \
-    const ddtree::Part<T> part(p, blockIdx.x, blockIdx.y);                                   \
-    const long long row0 = static_cast<long long>(blockIdx.y) * p.parts;                    \
+    const ddtree::Part<T> part(p, blockIdx.y, blockIdx.x);                                   \
+    const long long row0 = static_cast<long long>(blockIdx.x) * p.parts;                    \
     const float m = ddtree::parts_max(p.maxima + row0, p.parts, max_scratch);               \
     ddtree::partial_sum_row<T>(part.ptr, p.s2, part.len, m,                                 \
                                reinterpret_cast<ddtree::U128*>(p.sums) + part.at, scratch); \

@@ -12,8 +12,7 @@ import pytest
 import torch
 from conftest import KINDS, draft_logits
 
-import ddtree
-from ddtree import _partials
+from ddtree import _buffers, _cuda, _partials
 
 pytestmark = [
     pytest.mark.gpu,
@@ -24,11 +23,13 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def whole_row_stage1(x: torch.Tensor, k: int):
-    """`build_tree`'s stage-1 outputs (K = k) for logits `x` on the GPU."""
-    bs = x.shape[0]
-    roots = torch.zeros(bs, dtype=torch.int64, device=x.device)
-    prefix = torch.zeros(bs, dtype=torch.int64, device=x.device)
-    tree = ddtree.build_tree(x, roots, prefix, budget=max(k, 1), topk=k)
+    """The one-block stage-1 kernel's outputs (K = k) for logits `x`, that stage alone (the
+    selection would blank a rejected request's other rows)."""
+    bs, depth, _ = x.shape
+    zeros = torch.zeros(bs, dtype=torch.int64, device=x.device)
+    tree = _buffers.new_tree(bs, depth, k, k, x.device)
+    scratch = _cuda.new_scratch(bs * depth, x.device)
+    _cuda.launch_build(tree, scratch, x, zeros, zeros, k, k, stages=1)
     return tree.topk_logprobs.flatten(0, 1), tree.topk_ids.flatten(0, 1)
 
 
@@ -81,7 +82,7 @@ def test_nan_or_inf_in_one_part_rejects_only_its_row():
 def test_ties_across_part_boundaries_keep_the_lower_id_first():
     # Every token equal: the top K are ids 0..K-1, taken from the first parts only.
     x = torch.zeros(1, 1, 10_000, dtype=torch.bfloat16, device="cuda")
-    got_lp, got_ti, _, _ = _partials.candidates(cut(x, [37, 5000]), 100, 64)
+    got_lp, got_ti, _, _ = _partials.candidates(cut(x, [37, 5000]), 100, 1024)  # 11 parts
     assert got_ti[0].tolist() == list(range(100))
     # -0.0 ties with 0.0 in the rank order, but its log-prob keeps its sign: a row whose one
     # finite token is -0.0 has Z = 0 and LP = -0.0 - 0 = -0.0.

@@ -70,6 +70,8 @@ def candidates(shards: list[torch.Tensor], k: int, chunk: int):
     sums, then the merge — what ranks holding those shards would compute, without the
     collectives. Returns `merge`'s four tensors."""
     bs, depth, _ = shards[0].shape
+    if not 1 <= k <= sum(s.shape[2] for s in shards):
+        raise ValueError(f"k: must be in 1..V (the shards' tokens), got {k}")
     counts = [-(-s.shape[2] // chunk) for s in shards]
     arrays = part_arrays(bs * depth, sum(counts), k, shards[0].device)
     for which in ("parts", "sums"):

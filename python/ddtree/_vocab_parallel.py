@@ -149,7 +149,7 @@ def build_tree(args: tuple, group, vocab_start, into=None) -> Tree:
         x, roots, prefix, budget, topk = checked = check_build(*args, whole_vocab=False)
         check_build_device(x)
         sig = [*x.shape[:2], budget, topk or 0, DTYPES.index(x.dtype), checksum(roots),
-               checksum(prefix)]  # fmt: skip
+               checksum(prefix), x.device.type == "cuda"]  # fmt: skip
         return checked, sig
 
     x, roots, prefix, budget, topk = agree(group, check)
@@ -202,7 +202,7 @@ def build_into_cuda(x, roots, prefix, budget: int, topk, group, vocab_start, int
     k = k_of(budget, vocab, topk)
     tree = into(bs, depth, k, vocab) if into else _buffers.new_tree(bs, depth, k, budget, x.device)
     rows = bs * depth
-    chunk, counts = part_layout(sizes.tolist(), k, rows, x.device)
+    chunk, counts = part_layout(sizes.tolist(), k, rows, x.device, group)
     order = sorted(range(len(counts)), key=lambda r: int(starts[r]))
     base = sum(counts[r] for r in order[: order.index(rank)])
     arrays = _partials.part_arrays(rows, sum(counts), k, x.device)
@@ -222,9 +222,9 @@ def build_into_cuda(x, roots, prefix, budget: int, topk, group, vocab_start, int
     return tree
 
 
-def part_layout(sizes: list[int], k: int, rows: int, device) -> tuple[int, list[int]]:
-    """(tokens a part, each rank's part count): parts that fill the GPU for its largest
-    shard, widened until every rank's lists fit one merge (`_partials`' room)."""
+def part_layout(sizes: list[int], k: int, rows: int, device, group) -> tuple[int, list[int]]:
+    """(tokens a part, each rank's part count), the same on every rank: parts that fill the
+    GPU for the largest shard, widened until every rank's lists fit one merge."""
     from . import _partials
 
     room = 8192  # the merge's entries (ddtree_cuda::partials::MAX_PART_ENTRIES)
@@ -233,6 +233,8 @@ def part_layout(sizes: list[int], k: int, rows: int, device) -> tuple[int, list[
             f"group: {len(sizes)} ranks' lists of K = {k} exceed the merge's {room} entries"
         )
     chunk = _partials.chunk_for(max(sizes), k, rows, device)
+    # Each rank's GPU proposes its own (SM counts may differ): all take the widest.
+    chunk = int(gather(torch.tensor([chunk]), group).max())
     while sum(-(-s // chunk) for s in sizes) * k > room:
         chunk *= 2
     return chunk, [-(-s // chunk) for s in sizes]

@@ -17,8 +17,8 @@ use cudarc::driver::sys::CUstream;
 pub const MAX_PART_ENTRIES: usize = 8192;
 /// Threads of a part-sum block (`kSumThreads`).
 pub const SUM_THREADS: u32 = 256;
-/// Rows a part launch covers (its grid's y extent).
-pub const MAX_ROWS: usize = 65535;
+/// Rows a launch covers (its grid's x extent; the parts, at most MAX_PART_ENTRIES, are y).
+pub const MAX_ROWS: usize = i32::MAX as usize;
 
 /// The part arrays of a batch: `parts` lists of `k` per row, `[rows, parts(, k)]` each
 /// (device pointers; `sums` holds two uint64 per part).
@@ -93,10 +93,18 @@ impl PartSlice {
                 arrays.rows
             )));
         }
-        if self.chunk == 0 || vocab == 0 || vocab > i32::MAX as usize {
+        if self.chunk == 0 || vocab == 0 {
             return Err(CudaError::arg(
                 "logits: vocabulary and chunk must be ≥ 1".into(),
             ));
+        }
+        // Ties are ordered by a 32-bit id (`composite`): every global id must fit one.
+        if self.id0 + vocab > i32::MAX as usize {
+            return Err(CudaError::arg(format!(
+                "id0: ids {}..{} exceed the kernels' 32-bit ids",
+                self.id0,
+                self.id0 + vocab
+            )));
         }
         if self.part_base + self.count(vocab) > arrays.parts {
             return Err(CudaError::arg(format!(
@@ -164,7 +172,7 @@ pub unsafe fn stage1_parts(
     arrays.check()?;
     let p = slice.params(&logits, &arrays)?;
     let (dev, _ctx) = enter_device(ordinal)?;
-    let grid = (slice.count(logits.shape[2]) as u32, arrays.rows as u32, 1);
+    let grid = (arrays.rows as u32, slice.count(logits.shape[2]) as u32, 1);
     let f = by_dtype(&dev.partials, logits.dtype);
     launch_params(
         "cuLaunchKernel(partials)",
@@ -192,7 +200,7 @@ pub unsafe fn stage1_part_sums(
     arrays.check()?;
     let p = slice.params(&logits, &arrays)?;
     let (dev, _ctx) = enter_device(ordinal)?;
-    let grid = (slice.count(logits.shape[2]) as u32, arrays.rows as u32, 1);
+    let grid = (arrays.rows as u32, slice.count(logits.shape[2]) as u32, 1);
     let f = by_dtype(&dev.partial_sums, logits.dtype);
     launch_params(
         "cuLaunchKernel(partial_sums)",
@@ -280,7 +288,10 @@ mod tests {
         assert!(arrays(15, 8, 1024).check().is_ok());
         assert!(arrays(15, 9, 1024).check().is_err());
         assert!(arrays(0, 1, 8).check().is_err());
-        assert!(arrays(70_000, 1, 8).check().is_err());
+        assert!(
+            arrays(70_000, 1, 8).check().is_ok(),
+            "rows run along the grid's x"
+        );
         assert!(arrays(15, 1, 1025).check().is_err());
         let logits = Logits {
             ptr: 0,
@@ -305,5 +316,13 @@ mod tests {
         .params(&logits, &arrays(15, 3, 8))
         .is_err());
         assert!(slice.params(&logits, &arrays(14, 3, 8)).is_err(), "rows");
+        let far = PartSlice {
+            id0: i32::MAX as usize - 5000,
+            ..slice
+        };
+        assert!(
+            far.params(&logits, &arrays(15, 3, 8)).is_err(),
+            "ids past 2^31"
+        );
     }
 }

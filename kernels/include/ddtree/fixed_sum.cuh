@@ -8,7 +8,9 @@
 
 namespace ddtree {
 
-constexpr double kSumUnit = 0x1p52;  // terms are at most 1: at most 2^52 units each
+// Terms are at most 1: at most 2^52 units each. (The Rust CPU path sums in units of 2^-80;
+// each path is within SPEC's ulp of Z, but their sums are not interchangeable.)
+constexpr double kSumUnit = 0x1p52;
 
 struct U128 {
   unsigned long long lo, hi;
