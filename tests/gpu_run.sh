@@ -6,7 +6,8 @@
 # all; "portable" re-runs the attention tests, and "attention-portable" the attention bench,
 # through the portable kernel that compute capability 9.0 otherwise skips; "attention-sm120"
 # the same bench at sm_120's occupancy (DDTREE_ATTENTION=sm120);
-# "host" times the host side of each Stepper call; "parts" breaks one attention shape's
+# "host" times the host side of each Stepper call; "tp" the vocab-parallel build on CUDA
+# (tests; with two GPUs, `bench --vocab-parallel --device cuda`); "parts" breaks one attention shape's
 # call into its kernels and gaps (PARTS_ARGS: family bs N prefixes); "hunt" adds issue
 # 12's long top-k tie search, HUNT_SECONDS long; "sglang" runs ddtree against SGLang 0.5.23's
 # kernels and its stage-by-stage benchmark, SGLANG_ARGS, with tests/.sglang-0.5.23 carried);
@@ -54,6 +55,17 @@ for step in $STEPS; do
     bench)
         limit python3 -m ddtree.bench_gpu ${BENCH_ARGS:-} >"$OUT/bench-gpu.txt" 2>&1 || status=1
         cat "$OUT/bench-gpu.txt" ;;
+    tp)
+        # The vocab-parallel build on CUDA: its tests (one GPU a rank over NCCL when there
+        # are enough, else sharing one over gloo) and, with two or more GPUs, its benchmark.
+        limit python3 -m pytest tests/test_gpu_vocab_parallel.py tests/test_gpu_partials.py -m gpu -q \
+            -p no:cacheprovider >"$OUT/gpu-tp.log" 2>&1 || status=1
+        tail -5 "$OUT/gpu-tp.log"
+        if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+            limit python3 -m ddtree bench --vocab-parallel --device cuda --tp 2 --bs 1 8 64 \
+                >>"$OUT/gpu-tp.log" 2>&1 || status=1
+            tail -8 "$OUT/gpu-tp.log"
+        fi ;;
     host)
         limit python3 -m ddtree bench --host ${HOST_ARGS:-} >"$OUT/bench-host.txt" 2>&1 || status=1
         cat "$OUT/bench-host.txt" ;;

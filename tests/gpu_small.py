@@ -50,9 +50,24 @@ def main() -> None:
     stepper.accept(torch.randn(3, 64, 1000, device=dev, generator=g), temperature=1.0)
     assert stepper.readback(wait=True)["bonus"].shape == (3,)
     out_of_range(dev)
+    partials(dev, g)
     attention(dev)
     torch.cuda.synchronize()
     print("gpu_small: ok")
+
+
+def partials(dev, g) -> None:
+    """Stage 1 as parts and their merge (`ddtree._partials`): uneven shards, a part shorter
+    than K (padded lists), a NaN in one part, all -inf parts, every dtype."""
+    from ddtree import _partials
+
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        x = torch.randn(2, 3, 9000, device=dev, generator=g).to(dtype)
+        x[0, 1, 8990] = float("nan")
+        x[1, 2, :5000] = float("-inf")
+        shards = [x[:, :, :30].contiguous(), x[:, :, 30:].contiguous()]
+        _partials.candidates(shards, 64, 4096)
+        _partials.candidates([x], 900, 1024)  # 9 parts of 900: near the merge's room
 
 
 def out_of_range(dev) -> None:

@@ -120,6 +120,26 @@ def cuda_full_mask(
     out: Tensor,
     out_len: int,
 ) -> None: ...
+def cuda_stage1_parts(
+    device: int,
+    stream: int,
+    which: str,
+    logits: Tensor,
+    chunk: int,
+    part_base: int,
+    id0: int,
+    arrays: dict[str, Tensor],
+) -> None: ...
+def cuda_stage1_merge(
+    device: int,
+    stream: int,
+    arrays: dict[str, Tensor],
+    lp: Tensor,
+    ti: Tensor,
+    eligible: Tensor,
+    row_bad: Tensor,
+) -> None: ...
+def cuda_part_chunk(vocab: int, k: int, rows: int, blocks: int) -> int: ...
 def cuda_images() -> list[tuple[str, bool, int]]: ...
 def cuda_prepare(device: int) -> None: ...
 def cuda_accept(

@@ -11,16 +11,18 @@ shard.rs`). The accept gathers each node's best value and token per shard (12 by
 
 Supported here: CPU tensors (the gloo backend); greedy and temperature sampling on the shards
 (Gumbel-max keyed on the global token id, as the single-process CPU sampler draws), top-k /
-top-p by gathering the whole rows. CUDA tensors with a group are refused. Every call first
-gathers each rank's argument checks (`agree`): a rank that refuses its arguments makes every
-rank raise, rather than leaving the others waiting in a collective.
+top-p by gathering the whole rows. CUDA tensors (NCCL, or gloo): the build only
+(`build_into_cuda`, stage 1 as `ddtree._partials` parts; not yet run on a GPU, session 17);
+an accept with a group refuses them. Every call first gathers each rank's argument checks
+(`agree`): a rank that refuses its arguments makes every rank raise, rather than leaving the
+others waiting in a collective.
 """
 
 from __future__ import annotations
 
 import torch
 
-from . import _buffers, _core, _cpu
+from . import _buffers, _core, _cpu, _cuda
 from ._types import Acceptance, Tree
 
 INT64_MAX = 2**63 - 1
@@ -32,12 +34,22 @@ def _dist():
     return dist
 
 
+def wire(group) -> torch.device:
+    """Where the group's collectives take tensors: this process's GPU for NCCL, else the
+    CPU (gloo)."""
+    if _dist().get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def gather(t: torch.Tensor, group) -> torch.Tensor:
-    """Every rank's `t` (same shape on each), stacked in group-rank order ``[tp, ...]``."""
+    """Every rank's `t` (same shape on each), stacked in group-rank order ``[tp, ...]``, on
+    `t`'s device (through the group's own device)."""
     dist = _dist()
-    out = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(out, t.contiguous(), group=group)
-    return torch.stack(out)
+    mine = t.contiguous().to(wire(group))
+    out = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(out, mine, group=group)
+    return torch.stack(out).to(t.device)
 
 
 def layout(v_local: int, group, vocab_start) -> tuple[int, int]:
@@ -70,7 +82,7 @@ def shards(v_local: int, group, vocab_start) -> tuple[torch.Tensor, torch.Tensor
 
 def checksum(x: torch.Tensor) -> int:
     """An order-sensitive 64-bit digest of an integer or float tensor's values."""
-    x = x.contiguous().flatten()
+    x = x.detach().cpu().contiguous().flatten()
     bits = x.view(torch.int64) if x.element_size() == 8 else x.long()
     return int((bits * torch.arange(1, bits.numel() + 1)).sum())
 
@@ -109,6 +121,13 @@ def no_vocab_start(group, vocab_start) -> None:
         raise ValueError("vocab_start: only meaningful with group=")
 
 
+def check_build_device(x: torch.Tensor) -> None:
+    if x.device.type not in ("cpu", "cuda"):
+        raise ValueError(
+            f"draft_logits: a vocab-parallel build takes CPU or CUDA tensors; got {x.device}"
+        )
+
+
 def check_cpu(x: torch.Tensor, name: str) -> None:
     if x.device.type != "cpu":
         raise ValueError(
@@ -128,9 +147,9 @@ def build_tree(args: tuple, group, vocab_start, into=None) -> Tree:
 
     def check():
         x, roots, prefix, budget, topk = checked = check_build(*args, whole_vocab=False)
-        check_cpu(x, "draft_logits")
+        check_build_device(x)
         sig = [*x.shape[:2], budget, topk or 0, DTYPES.index(x.dtype), checksum(roots),
-               checksum(prefix)]  # fmt: skip
+               checksum(prefix), x.device.type == "cuda"]  # fmt: skip
         return checked, sig
 
     x, roots, prefix, budget, topk = agree(group, check)
@@ -142,6 +161,8 @@ def build_into(x, roots, prefix, budget: int, topk, group, vocab_start, into=Non
     from ._api import k_of
     from ._validate import in_vocab
 
+    if x.device.type == "cuda":
+        return build_into_cuda(x, roots, prefix, budget, topk, group, vocab_start, into)
     bs, depth, v_local = x.shape
     start, vocab = layout(v_local, group, vocab_start)
     in_vocab("root_tokens", roots, vocab)
@@ -164,6 +185,68 @@ def build_into(x, roots, prefix, budget: int, topk, group, vocab_start, into=Non
                          tree.topk_logprobs, tree.topk_ids, eligible)  # fmt: skip
     _cpu.select_emit(tree, eligible, roots, prefix, vocab)
     return tree
+
+
+def build_into_cuda(x, roots, prefix, budget: int, topk, group, vocab_start, into=None) -> Tree:
+    """SPEC stages 1–3 on this rank's CUDA shard `x`: stage 1 as parts of every rank's shard
+    (`ddtree._partials`), each rank writing its own parts into zeroed arrays that a sum
+    across the ranks completes; the merge, then stages 2–3 from its candidates. Eager only
+    (the layout is agreed on the host)."""
+    from . import _partials
+    from ._api import k_of
+
+    bs, depth, v_local = x.shape
+    starts, sizes = shards(v_local, group, vocab_start)
+    rank = _dist().get_rank(group)
+    start, vocab = int(starts[rank]), int((starts + sizes).max())
+    k = k_of(budget, vocab, topk)
+    tree = into(bs, depth, k, vocab) if into else _buffers.new_tree(bs, depth, k, budget, x.device)
+    rows = bs * depth
+    chunk, counts = part_layout(sizes.tolist(), k, rows, x.device, group)
+    order = sorted(range(len(counts)), key=lambda r: int(starts[r]))
+    base = sum(counts[r] for r in order[: order.index(rank)])
+    arrays = _partials.part_arrays(rows, sum(counts), k, x.device)
+    for t in arrays.values():
+        t.zero_()  # the other ranks' entries: zero here, their bits after the sum
+    _partials.parts(x, chunk, arrays, "parts", base, start)
+    sum_bits(arrays, ("values", "ids", "maxima", "bad"), group)
+    _partials.parts(x, chunk, arrays, "sums", base, start)  # needs every part's maximum
+    sum_bits(arrays, ("sums",), group)
+    scratch = _cuda.new_scratch(rows, x.device)
+    stage1 = (tree.topk_logprobs.view(rows, k), tree.topk_ids.view(rows, k))
+    _partials.merge(arrays, (*stage1, scratch["eligible"], scratch["bad"]))
+    # Stages 2–3 read stage 1's outputs, not the logits: a view of the whole rows' shape
+    # (vocabulary stride 0) stands in for them.
+    whole = torch.as_strided(x, (bs, depth, vocab), (x.stride(0), x.stride(1), 0))
+    _cuda.launch_build(tree, scratch, whole, roots, prefix, budget, k, stages=6)
+    return tree
+
+
+def part_layout(sizes: list[int], k: int, rows: int, device, group) -> tuple[int, list[int]]:
+    """(tokens a part, each rank's part count), the same on every rank: parts that fill the
+    GPU for the largest shard, widened until every rank's lists fit one merge."""
+    from . import _partials
+
+    room = 8192  # the merge's entries (ddtree_cuda::partials::MAX_PART_ENTRIES)
+    if len(sizes) * k > room:
+        raise ValueError(
+            f"group: {len(sizes)} ranks' lists of K = {k} exceed the merge's {room} entries"
+        )
+    chunk = _partials.chunk_for(max(sizes), k, rows, device)
+    # Each rank's GPU proposes its own (SM counts may differ): all take the widest.
+    chunk = int(gather(torch.tensor([chunk]), group).max())
+    while sum(-(-s // chunk) for s in sizes) * k > room:
+        chunk *= 2
+    return chunk, [-(-s // chunk) for s in sizes]
+
+
+def sum_bits(arrays: dict, names, group) -> None:
+    """Each entry of these arrays was written by one rank and is zero on the others: an
+    integer sum of the bits across the ranks gives every rank the writer's value exactly
+    (a float sum would turn -0.0 into 0.0)."""
+    for name in names:
+        t = arrays[name]
+        _dist().all_reduce(t.view(torch.int32) if t.dtype == torch.float32 else t, group=group)
 
 
 def posterior(t: torch.Tensor, group, vocab_start, temperature, seed: int) -> torch.Tensor:

@@ -25,7 +25,7 @@ import time
 import numpy as np
 import torch
 
-from . import _core, _cuda, bench_uno, reference
+from . import _core, _cuda, _partials, bench_uno, reference
 from .bench import HelpFormatter
 from .stepper import Stepper
 
@@ -192,6 +192,25 @@ def uno_columns(uno, tree, scratch, x, roots, prefix, budget, replays) -> dict:
     }
 
 
+def parts_columns(tree, x, k: int, replays: int) -> dict:
+    """Stage 1 as partials (`ddtree._partials`: parts of a size that fills the GPU, their
+    sums, the merge), timed like the stages, and whether it equals the row kernel's."""
+    bs, depth, vocab = x.shape
+    chunk = _partials.chunk_for(vocab, k, bs * depth, x.device)
+    arrays = _partials.part_arrays(bs * depth, -(-vocab // chunk), k, x.device)
+    out = _partials.merge_outputs(bs * depth, k, x.device)
+
+    def run():
+        _partials.parts(x, chunk, arrays, "parts")
+        _partials.parts(x, chunk, arrays, "sums")
+        _partials.merge(arrays, out)
+
+    us = graph_time_us(run, replays)
+    same = torch.equal(out[0].view(torch.int32), tree.topk_logprobs.flatten(0, 1).view(torch.int32))
+    same = same and torch.equal(out[1], tree.topk_ids.flatten(0, 1))
+    return {"parts": us, "parts_chunk": chunk, "parts_match": same}
+
+
 def bench_one(bs, budget, depth, vocab, replays, seed, uno=None) -> dict:
     dev = torch.device("cuda")
     x = peaked_logits(bs, depth, vocab, seed, dev)
@@ -208,6 +227,7 @@ def bench_one(bs, budget, depth, vocab, replays, seed, uno=None) -> dict:
             lambda bits=bits: _cuda.launch_build(tree, scratch, x, roots, prefix, budget, k, bits),
             replays,
         )
+    row.update(parts_columns(tree, x, k, replays))
     row.update(uno_columns(uno, tree, scratch, x, roots, prefix, budget, replays))
     row["stats"] = selection_stats(tree, scratch, x, roots, prefix, budget, k)
     row["host_step"] = host_step_us(stepper, x, roots, prefix, 200)
@@ -234,6 +254,9 @@ COLUMNS = (
     ("bs", "bs", "{:>4}"),
     ("B", "B", "{:>5}"),
     ("candidates", "cand µs", "{:>8.1f}"),
+    ("parts", "parts µs", "{:>8.1f}"),
+    ("parts_chunk", "part", "{:>6}"),
+    ("parts_match", "== cand", "{!s:>7}"),
     ("select", "select µs", "{:>9.1f}"),
     ("select_best_first", "best-first µs", "{:>13.1f}"),
     ("x_parallel", "best-first / select", "{:>19.1f}x"),

@@ -1,8 +1,10 @@
-"""Vocab-parallel build on CPU tensors (gloo): `tp` processes, each holding an equal slice
-of the vocabulary of the same synthetic draft logits, build the tree two ways —
+"""Vocab-parallel build: `tp` processes, each holding an equal slice of the vocabulary of
+the same synthetic draft logits — CPU tensors over gloo, or with ``--device cuda`` one GPU
+each over NCCL (needs `tp` GPUs) — build the tree two ways —
 
 * ``group=``: `ddtree.build_tree(shard, ..., group=pg)`, which gathers each row's partials
-  (best K, maximum, exact exp-sum) and merges them;
+  (best K, maximum, exact exp-sum) and merges them (on CUDA: the part arrays of
+  `ddtree._partials`, summed across the ranks; not yet run, session 17);
 * gather: all-gather the bf16 logit slices (what a serving stack does before anything can
   read them), then the single-process build on the whole rows —
 
@@ -10,6 +12,7 @@ and prints the bytes each rank receives and the time per build (median of ``--re
 the slowest rank's), with both ratios, and whether both trees are the same.
 
     python -m ddtree bench --vocab-parallel [--bs 1 64] [--tp 2 4 8] [--budget 255]
+        [--device cuda]
 
 Every process runs its Rust work on ``cores / tp`` threads. On one machine the gloo
 collectives are memory copies between processes, so the time column says what the CPU work
@@ -42,6 +45,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--vocab", type=int, default=V_DEFAULT, help="vocabulary V")
     p.add_argument("--repeats", type=int, default=3, help="timed builds per way")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic logits")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cpu (gloo) or cuda (NCCL, one GPU a rank)")  # fmt: skip
     return p
 
 
@@ -51,14 +56,18 @@ def logits(bs: int, depth: int, vocab: int, seed: int) -> torch.Tensor:
     return peaked_rows(bs, depth, vocab, torch.Generator().manual_seed(seed)).bfloat16()
 
 
-def timed(fn, repeats: int, dist) -> tuple[float, object]:
-    """Median seconds of `fn` over `repeats`, each the slowest rank's (barrier-framed)."""
+def timed(fn, repeats: int, dist, device) -> tuple[float, object]:
+    """Median seconds of `fn` over `repeats`, each the slowest rank's (barrier-framed; on a
+    GPU, to the end of its work)."""
     times, out = [], None
+    cuda = device.type == "cuda"
     for _ in range(repeats):
         dist.barrier()
         t0 = time.perf_counter()
         out = fn()
-        mine = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+        if cuda:
+            torch.cuda.synchronize(device)
+        mine = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
         dist.all_reduce(mine, op=dist.ReduceOp.MAX)
         times.append(float(mine))
     return statistics.median(times), out
@@ -68,7 +77,11 @@ def rank_main(rank: int, tp: int, init: str, args, out_path: str) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=tp)
+    cuda = args.device == "cuda"
+    if cuda:
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=init, rank=rank,
+                            world_size=tp)  # fmt: skip
     rows = [one_shape(bs, tp, rank, args, dist) for bs in args.bs]
     if rank == 0:
         with open(out_path, "a") as f:
@@ -85,10 +98,12 @@ def one_shape(bs: int, tp: int, rank: int, args, dist) -> tuple:
     """This rank's row of the table for batch size `bs`."""
     import ddtree
 
-    x = logits(bs, args.depth, args.vocab, args.seed)
+    device = torch.device("cuda", rank) if args.device == "cuda" else torch.device("cpu")
+    x = logits(bs, args.depth, args.vocab, args.seed).to(device)
     v_r = args.vocab // tp
     shard = x[:, :, rank * v_r : (rank + 1) * v_r].contiguous()
-    roots, prefix = torch.zeros(bs, dtype=torch.int64), torch.zeros(bs, dtype=torch.int64)
+    roots = torch.zeros(bs, dtype=torch.int64, device=device)
+    prefix = torch.zeros(bs, dtype=torch.int64, device=device)
 
     def by_group():
         return ddtree.build_tree(shard, roots, prefix, budget=args.budget,
@@ -99,16 +114,30 @@ def one_shape(bs: int, tp: int, rank: int, args, dist) -> tuple:
         dist.all_gather(parts, shard)
         return ddtree.build_tree(torch.cat(parts, 2), roots, prefix, budget=args.budget)
 
-    t_group, tree_g = timed(by_group, args.repeats, dist)
-    t_gather, tree_w = timed(by_gather, args.repeats, dist)
+    t_group, tree_g = timed(by_group, args.repeats, dist, device)
+    t_gather, tree_w = timed(by_gather, args.repeats, dist, device)
     same = all(torch.equal(getattr(tree_g, f), getattr(tree_w, f))
                for f in ("verify_ids", "parents", "topk_ids", "num_nodes"))  # fmt: skip
     k = min(args.budget, args.vocab)
-    # Received per rank: (tp - 1) copies of what each rank contributes. A partial row: K
-    # values (4 bytes) and ids (8), the maximum (4), the NaN flag (1), the exp-sum (16).
-    partial = bs * args.depth * (k * (4 + 8) + 4 + 1 + 16)
     full = bs * args.depth * v_r * 2
-    return (bs, tp, k, (tp - 1) * partial, (tp - 1) * full, t_group, t_gather, same)
+    return (bs, tp, k, group_bytes(bs, tp, k, args, dist, device), (tp - 1) * full, t_group,
+            t_gather, same)  # fmt: skip
+
+
+def group_bytes(bs: int, tp: int, k: int, args, dist, device) -> int:
+    """Bytes a rank receives in a ``group=`` build. CPU: (tp - 1) copies of each rank's
+    partial rows — K values (4 bytes) and ids (8), the maximum (4), the NaN flag (1), the
+    exp-sum (16). CUDA: a ring all-reduce of the part arrays (every rank's parts, each a
+    K-list of values and ids, a maximum, a flag and a 16-byte sum), which receives
+    2 (tp - 1) / tp of their size."""
+    rows = bs * args.depth
+    if device.type == "cpu":
+        return (tp - 1) * rows * (k * (4 + 8) + 4 + 1 + 16)
+    from ._vocab_parallel import part_layout
+
+    _, counts = part_layout([args.vocab // tp] * tp, k, rows, device, dist.group.WORLD)
+    size = rows * sum(counts) * (k * (4 + 8) + 4 + 4 + 16)
+    return 2 * (tp - 1) * size // tp
 
 
 def main(argv=None) -> int:
@@ -118,10 +147,17 @@ def main(argv=None) -> int:
         print(f"--tp: each must divide --vocab {args.vocab} (equal shards), got {bad[0]}",
               file=sys.stderr)  # fmt: skip
         return 2
+    if args.device == "cuda" and torch.cuda.device_count() < max(args.tp):
+        print(f"--device cuda: one GPU a rank, and --tp {max(args.tp)} needs "
+              f"{max(args.tp)}; this machine has {torch.cuda.device_count()}",
+              file=sys.stderr)  # fmt: skip
+        return 2
     import torch.multiprocessing as mp
 
     command = " ".join(sys.argv[1:] if argv is None else argv)
-    print(f"# ddtree vocab-parallel build, CPU gloo, {os.cpu_count()} cores, torch "
+    where = (f"CUDA NCCL, {torch.cuda.get_device_name(0)}" if args.device == "cuda"
+             else f"CPU gloo, {os.cpu_count()} cores")  # fmt: skip
+    print(f"# ddtree vocab-parallel build, {where}, torch "
           f"{torch.__version__}; L={args.depth} V={args.vocab} B={args.budget} bf16; "
           f"command: python -m ddtree bench --vocab-parallel {command}")  # fmt: skip
     print("bs | tp | K | bytes in/rank, group= | bytes in/rank, gather | gather ÷ group bytes "

@@ -49,6 +49,10 @@ pub struct Device {
     pub candidates_f32: CUfunction,
     pub candidates_f16: CUfunction,
     pub candidates_bf16: CUfunction,
+    /// Stage 1 as partials (f32, f16, bf16 each): the parts, their sums, and the merge.
+    pub partials: [CUfunction; 3],
+    pub partial_sums: [CUfunction; 3],
+    pub merge_partials: CUfunction,
     pub select: CUfunction,
     pub emit: CUfunction,
     pub full_mask: CUfunction,
@@ -135,7 +139,7 @@ impl Device {
             modules.push(m);
             Ok(m)
         };
-        let cand = load(kernels::CANDIDATES, "candidates")?;
+        let cand_module = load(kernels::CANDIDATES, "candidates")?;
         let select = load(kernels::SELECT, "select")?;
         let emit = load(kernels::EMIT, "emit")?;
         let accept = load(kernels::ACCEPT, "accept")?;
@@ -144,12 +148,23 @@ impl Device {
         let f = |m, name: &str| function(m, name);
         let select_fn = f(select, "ddtree_select")?;
         let cand = [
-            f(cand, "ddtree_candidates_f32")?,
-            f(cand, "ddtree_candidates_f16")?,
-            f(cand, "ddtree_candidates_bf16")?,
+            f(cand_module, "ddtree_candidates_f32")?,
+            f(cand_module, "ddtree_candidates_f16")?,
+            f(cand_module, "ddtree_candidates_bf16")?,
         ];
+        let partials = [
+            f(cand_module, "ddtree_partials_f32")?,
+            f(cand_module, "ddtree_partials_f16")?,
+            f(cand_module, "ddtree_partials_bf16")?,
+        ];
+        let partial_sums = [
+            f(cand_module, "ddtree_partial_sums_f32")?,
+            f(cand_module, "ddtree_partial_sums_f16")?,
+            f(cand_module, "ddtree_partial_sums_bf16")?,
+        ];
+        let merge_partials = f(cand_module, "ddtree_merge_partials")?;
         allow_dynamic_smem(select_fn, crate::launch::MAX_DYNAMIC_SMEM)?;
-        for c in cand {
+        for c in cand.into_iter().chain(partials).chain([merge_partials]) {
             allow_dynamic_smem(c, crate::launch::CANDIDATE_SMEM)?;
         }
         let accept_fns = [
@@ -189,6 +204,9 @@ impl Device {
             candidates_f32: cand[0],
             candidates_f16: cand[1],
             candidates_bf16: cand[2],
+            partials,
+            partial_sums,
+            merge_partials,
             select: select_fn,
             emit: f(emit, "ddtree_emit")?,
             full_mask: f(emit, "ddtree_full_mask")?,

@@ -15,6 +15,7 @@ pub mod fatbin;
 mod graph;
 pub mod launch;
 pub mod params;
+pub mod partials;
 pub mod readback;
 
 pub use accept::{accept_tree, AcceptPtrs, Sampling, WalkTree};

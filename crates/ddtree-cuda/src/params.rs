@@ -27,6 +27,32 @@ pub struct BuildParams {
     pub best_first: i32,
 }
 
+/// SPEC stage 1 as partials: the part, part-sum and merge launches (`partials.cuh`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PartialParams {
+    pub logits: u64,
+    pub s0: i64,
+    pub s1: i64,
+    pub s2: i64,
+    pub l: i32,
+    pub v: i32,
+    pub k: i32,
+    pub chunk: i32,
+    pub parts: i32,
+    pub part_base: i32,
+    pub id0: i64,
+    pub values: u64,
+    pub ids: u64,
+    pub maxima: u64,
+    pub bad: u64,
+    pub sums: u64,
+    pub lp: u64,
+    pub ti: u64,
+    pub eligible: u64,
+    pub row_bad: u64,
+}
+
 /// SPEC stage 4: the walk (and the generator's advance, which reads `sampling.rng`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -198,6 +224,32 @@ mod tests {
         ] {
             assert_eq!(rust, off, "{cpp}");
             assert!(HEADER.contains(cpp), "params.h lacks `{cpp}`");
+        }
+    }
+
+    #[test]
+    fn partial_params_match_the_header() {
+        layout!(PartialParams, size 136, chunk 44, parts 48, part_base 52, id0 56, values 64,
+                ids 72, maxima 80, bad 88, sums 96, lp 104, ti 112, eligible 120, row_bad 128);
+        for (rust, cpp) in [
+            (
+                offset_of!(PartialParams, l),
+                "offsetof(PartialParams, L) == 32",
+            ),
+            (
+                offset_of!(PartialParams, v),
+                "offsetof(PartialParams, V) == 36",
+            ),
+            (
+                offset_of!(PartialParams, k),
+                "offsetof(PartialParams, K) == 40",
+            ),
+        ] {
+            assert!(HEADER.contains(cpp), "params.h lacks `{cpp}`");
+            assert!(
+                cpp.ends_with(&format!("== {rust}")),
+                "{cpp}: Rust has {rust}"
+            );
         }
     }
 

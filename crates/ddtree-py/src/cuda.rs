@@ -109,3 +109,107 @@ pub fn cuda_images() -> Vec<(&'static str, bool, u32)> {
 pub fn cuda_prepare(device: usize) -> PyResult<()> {
     ddtree_cuda::prepare(device).map_err(errors::cuda_to_py)
 }
+
+/// A batch's part arrays from a dict of CUDA tensors: `values` float32 `[rows, parts, k]`
+/// (its shape gives the three sizes), `ids` int64 and `maxima`, `bad`, `sums` (float32,
+/// int32 `[rows, parts]`, int64 `[rows, parts, 2]`), allocated by the Python layer.
+fn part_arrays(d: &Bound<'_, PyDict>) -> PyResult<ddtree_cuda::partials::PartArrays> {
+    let get = |name: &str| -> PyResult<Bound<'_, PyAny>> {
+        d.get_item(name)?
+            .ok_or_else(|| pyo3::exceptions::PyKeyError::new_err(name.to_string()))
+    };
+    let values = tensor_arg(&get("values")?)?;
+    let &[rows, parts, k] = values.shape.as_slice() else {
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "values: must be [rows, parts, k]",
+        ));
+    };
+    let ptr = |name: &str| -> PyResult<u64> { Ok(data_ptr(&get(name)?)? as u64) };
+    Ok(ddtree_cuda::partials::PartArrays {
+        rows,
+        parts,
+        k,
+        values: values.ptr as u64,
+        ids: ptr("ids")?,
+        maxima: ptr("maxima")?,
+        bad: ptr("bad")?,
+        sums: ptr("sums")?,
+    })
+}
+
+/// SPEC stage 1 as partials, on the GPU: `which` is "parts" (each part's top K, maximum
+/// and flag) or "sums" (each part's fixed-point exp-sum, once every part's maximum is in
+/// `arrays`), for `logits` `[bs, L, V]` cut into `chunk`-token parts placed from
+/// `part_base`, token 0 being global id `id0`. Never synchronizes.
+#[pyfunction]
+#[pyo3(signature = (device, stream, which, logits, chunk, part_base, id0, arrays))]
+#[allow(clippy::too_many_arguments)]
+pub fn cuda_stage1_parts(
+    py: Python<'_>,
+    device: usize,
+    stream: usize,
+    which: &str,
+    #[pyo3(from_py_with = tensor_arg)] logits: TensorArg,
+    chunk: usize,
+    part_base: usize,
+    id0: usize,
+    arrays: &Bound<'_, PyDict>,
+) -> PyResult<()> {
+    use ddtree_cuda::partials::{stage1_part_sums, stage1_parts, PartSlice};
+    let logits = logits_of(&logits, "logits")?;
+    let arrays = part_arrays(arrays)?;
+    let slice = PartSlice {
+        chunk,
+        part_base,
+        id0,
+    };
+    let launch = match which {
+        "parts" => stage1_parts,
+        "sums" => stage1_part_sums,
+        _ => {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "which: \"parts\" or \"sums\", got {which:?}"
+            )))
+        }
+    };
+    // SAFETY: the Python layer passes live CUDA tensors of the stated shapes (tensor.rs).
+    py.detach(|| unsafe { launch(device, stream as u64, logits, slice, arrays) })
+        .map_err(errors::cuda_to_py)
+}
+
+/// Stage 1's outputs from the part arrays: `lp` float32 / `ti` int64 `[rows, k]`,
+/// `eligible` / `row_bad` int32 `[rows]`. Never synchronizes.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub fn cuda_stage1_merge(
+    py: Python<'_>,
+    device: usize,
+    stream: usize,
+    arrays: &Bound<'_, PyDict>,
+    #[pyo3(from_py_with = data_ptr)] lp: usize,
+    #[pyo3(from_py_with = data_ptr)] ti: usize,
+    #[pyo3(from_py_with = data_ptr)] eligible: usize,
+    #[pyo3(from_py_with = data_ptr)] row_bad: usize,
+) -> PyResult<()> {
+    let arrays = part_arrays(arrays)?;
+    // SAFETY: as cuda_stage1_parts.
+    py.detach(|| unsafe {
+        ddtree_cuda::partials::stage1_merge(
+            device,
+            stream as u64,
+            arrays,
+            lp as u64,
+            ti as u64,
+            eligible as u64,
+            row_bad as u64,
+        )
+    })
+    .map_err(errors::cuda_to_py)
+}
+
+/// The part size that gives `rows` rows of `vocab` tokens about `blocks` part blocks in
+/// all, within the merge's room for `k`-long lists (`ddtree_cuda::partials::chunk_for`).
+#[pyfunction]
+pub fn cuda_part_chunk(vocab: usize, k: usize, rows: usize, blocks: usize) -> usize {
+    ddtree_cuda::partials::chunk_for(vocab, k, rows, blocks)
+}

@@ -266,6 +266,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<engine::CudaEngine>()?;
     m.add_class::<cpu_engine::CpuEngine>()?;
     m.add_function(wrap_pyfunction!(cuda::cuda_build_tree, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda::cuda_stage1_parts, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda::cuda_stage1_merge, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda::cuda_part_chunk, m)?)?;
     m.add_function(wrap_pyfunction!(cuda::cuda_full_mask, m)?)?;
     m.add_function(wrap_pyfunction!(cuda::cuda_images, m)?)?;
     m.add_function(wrap_pyfunction!(cuda::cuda_prepare, m)?)?;

@@ -3,14 +3,16 @@
 //
 // One block per row, two reads of the row:
 //   pass 1: NaN/+inf check, the row max, and each thread's own max;
-//   pass 2: sum of exp(x - max), and every token at or above the K-th largest thread max
-//           (a lower bound of the row's K-th largest) into shared memory, where a radix
-//           select on (key, id) keeps the top K.
+//   pass 2: the fixed-point sum of exp(x - max) (fixed_sum.cuh), and every token at or
+//           above the K-th largest thread max (a lower bound of the row's K-th largest)
+//           into shared memory, where a radix select on (key, id) keeps the top K.
+// `top_k_pass` is those two reads for any run of tokens: partials.cuh runs it on chunks.
 // When too many tokens tie for shared memory, radix_select_row takes over: 12-bit digit
 // histograms over the whole row, then the tied tokens by id (an id-ordered block scan).
 // The K (key, id) pairs are sorted by a bitonic network in shared memory.
 #pragma once
 #include "common.cuh"
+#include "fixed_sum.cuh"
 
 namespace ddtree {
 
@@ -31,6 +33,7 @@ struct CandShared {
   uint32_t small_hist[kSmallBins];
   float fscratch[32];
   double dscratch[32];
+  U128 uscratch[32];
   int iscratch[32];
   int count;      // candidates collected so far
   int tie_count;  // entries in ties
@@ -170,26 +173,6 @@ __device__ void take_top_ties(CandShared& s, int n, int needed, int known) {
     needed = rest;
   }
 }
-
-// Kahan-compensated fp32 sum, whose per-term errors are tiny against the total and average
-// out. Combined in float64 across the block; Z stays within SPEC's one fp32 ulp.
-struct ExpSum {
-  double near = 0.0;
-  float far = 0.0f, comp = 0.0f;
-  __device__ __forceinline__ void add(float d) {
-    if (d > -3.0f) {
-      near += exp(static_cast<double>(d));
-      return;
-    }
-    const float y = expf(d) - comp;
-    const float t = far + y;
-    comp = (t - far) - y;
-    far = t;
-  }
-  __device__ __forceinline__ double total() const {
-    return near + (static_cast<double>(far) - comp);
-  }
-};
 
 // Bitonic sort of s.cand[0..n) descending, n <= kMaxK, padded to a power of two.
 __device__ void sort_candidates(CandShared& s, int n) {
@@ -349,13 +332,13 @@ __device__ void write_candidates(const T* __restrict__ row, long long stride, in
   }
 }
 
-// Row outputs: lp[K], ti[K]; *eligible = finite ranks; *bad = NaN or +inf seen.
-template <typename T>
-__device__ void candidates_row(const T* __restrict__ row, long long stride, int V, int K,
-                               float* __restrict__ lp, long long* __restrict__ ti,
-                               int* __restrict__ eligible, int* __restrict__ bad,
-                               CandShared& s) {
-  // Pass 1: bad values, the row max, and each thread's own max.
+// Stage 1's two reads of `V` tokens (a row, or a chunk of one) for their top K, K <= V:
+// pass 1 finds NaN / +inf and the maximum (into *max_out); pass 2 calls each(x, shift) on
+// every value, shift being the maximum (0 when every value is -inf), and collects the top
+// K into s.cand, unsorted. Returns 1, with nothing collected, when a NaN or +inf was seen.
+template <typename T, typename Each>
+__device__ int top_k_pass(const T* __restrict__ row, long long stride, int V, int K,
+                          CandShared& s, float* max_out, Each&& each) {
   if (threadIdx.x == 0) s.count = s.tie_count = 0;
   int local_bad = 0;
   float local_max = -INFINITY;
@@ -363,21 +346,11 @@ __device__ void candidates_row(const T* __restrict__ row, long long stride, int 
     local_bad |= (isnan(x) || x == INFINITY) ? 1 : 0;
     local_max = fmaxf(local_max, x);
   });
-  const int row_bad = block_any(local_bad, s.iscratch);
+  const int bad = block_any(local_bad, s.iscratch);
   const float m = block_max(local_max, s.fscratch);
-  if (row_bad) {
-    for (int r = threadIdx.x; r < K; r += blockDim.x) {
-      lp[r] = -INFINITY;
-      ti[r] = -1;
-    }
-    if (threadIdx.x == 0) {
-      *eligible = 0;
-      *bad = 1;
-    }
-    return;
-  }
-  ExpSum lse;
-  const float m_shift = (m == -INFINITY) ? 0.0f : m;  // all -inf: every term is 0
+  *max_out = m;
+  if (bad) return 1;
+  const float shift = (m == -INFINITY) ? 0.0f : m;  // all -inf: every term is 0
 
   // The K-th largest of the threads' maxima bounds the row's K-th largest from below (those
   // maxima are K of the row's tokens), so pass 2 keeps only tokens at or above it: usually a
@@ -385,7 +358,7 @@ __device__ void candidates_row(const T* __restrict__ row, long long stride, int 
   // the radix select over the whole row.
   const uint32_t floor_key = kth_largest_thread_key(s, float_key(local_max), K);
   for_each_in_row(row, stride, V, [&](int id, float x) {
-    lse.add(x - m_shift);
+    each(x, shift);
     const uint32_t key = float_key(x);
     if (key >= floor_key) {
       const int slot = atomicAdd(&s.tie_count, 1);
@@ -400,10 +373,32 @@ __device__ void candidates_row(const T* __restrict__ row, long long stride, int 
     radix_select_row(row, stride, V, K, s);
   }
   __syncthreads();
+  return 0;
+}
 
-  // Normaliser: Z = fp32(m + log(sum exp(x - m))), the sum combined in float64.
-  const double sum = block_sum(lse.total(), s.dscratch);
-  const float z = (m == -INFINITY) ? -INFINITY : static_cast<float>(static_cast<double>(m) + log(sum));
+// Row outputs: lp[K], ti[K]; *eligible = finite ranks; *bad = NaN or +inf seen.
+template <typename T>
+__device__ void candidates_row(const T* __restrict__ row, long long stride, int V, int K,
+                               float* __restrict__ lp, long long* __restrict__ ti,
+                               int* __restrict__ eligible, int* __restrict__ bad,
+                               CandShared& s) {
+  U128 sum{0ull, 0ull};
+  float m;
+  const auto add_term = [&](float x, float shift) { sum = add128(sum, fixed_term(x - shift)); };
+  if (top_k_pass(row, stride, V, K, s, &m, add_term)) {
+    for (int r = threadIdx.x; r < K; r += blockDim.x) {
+      lp[r] = -INFINITY;
+      ti[r] = -1;
+    }
+    if (threadIdx.x == 0) {
+      *eligible = 0;
+      *bad = 1;
+    }
+    return;
+  }
+  // Normaliser: Z = fp32(m + ln(sum exp(x - m))), the sum in fixed point (fixed_sum.cuh).
+  sum = block_sum128(sum, s.uscratch);
+  const float z = (m == -INFINITY) ? -INFINITY : fixed_normaliser(m, sum);
   write_candidates(row, stride, K, z, lp, ti, eligible, bad, s);
 }
 

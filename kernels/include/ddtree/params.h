@@ -104,6 +104,38 @@ static_assert(sizeof(BuildParams) == 192 && offsetof(BuildParams, logits) == 0 &
               offsetof(BuildParams, best_first) == 188,
               "BuildParams layout");
 
+// SPEC stage 1 as partials (partials.cuh, entry points in candidates.cu): a part list per
+// (row, part); `parts` lists a row in the part arrays, this launch's at `part_base`.
+struct PartialParams {
+  const void* logits;  // [bs, L, V] (a shard's V), strides s0, s1, s2 (elements)
+  long long s0, s1, s2;
+  int L, V;
+  int K;          // each list's length
+  int chunk;      // tokens per part of this launch's logits
+  int parts;      // part lists per row in the arrays below (every shard's)
+  int part_base;  // this launch's first part of a row
+  long long id0;  // global id of this launch's token 0 (a shard's first token)
+  float* values;               // [rows, parts, K]
+  long long* ids;              // [rows, parts, K]
+  float* maxima;               // [rows, parts]
+  int* bad;                    // [rows, parts]
+  unsigned long long* sums;    // [rows, parts, 2] (low, high)
+  float* lp;                   // merge: [rows, K]
+  long long* ti;               // merge: [rows, K]
+  int* eligible;               // merge: [rows]
+  int* row_bad;                // merge: [rows]
+};
+static_assert(sizeof(PartialParams) == 136 && offsetof(PartialParams, L) == 32 &&
+                  offsetof(PartialParams, V) == 36 && offsetof(PartialParams, K) == 40 &&
+                  offsetof(PartialParams, chunk) == 44 && offsetof(PartialParams, parts) == 48 &&
+                  offsetof(PartialParams, part_base) == 52 && offsetof(PartialParams, id0) == 56 &&
+                  offsetof(PartialParams, values) == 64 && offsetof(PartialParams, ids) == 72 &&
+                  offsetof(PartialParams, maxima) == 80 && offsetof(PartialParams, bad) == 88 &&
+                  offsetof(PartialParams, sums) == 96 && offsetof(PartialParams, lp) == 104 &&
+                  offsetof(PartialParams, ti) == 112 && offsetof(PartialParams, eligible) == 120 &&
+                  offsetof(PartialParams, row_bad) == 128,
+              "PartialParams layout");
+
 // SPEC stage 4 (accept.cu): the walk and the generator's advance.
 struct AcceptParams {
   const void* logits;  // [bs, Q, V], strides s0, s1, s2 (elements)
