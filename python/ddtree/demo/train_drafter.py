@@ -509,7 +509,17 @@ def responses(engine, args, train_ids, held_ids, log) -> tuple[dict, float]:
 
 
 def train(target, tok, args, log=print) -> dict:
-    """The whole job (data, then steps until `args.steps` or `args.minutes`), resumable."""
+    """The whole job (data, then steps until `args.steps` or `args.minutes`), resumable,
+    with fp32 matmuls at `args.matmul_precision` (torch's setting, restored after)."""
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(args.matmul_precision)
+    try:
+        return train_at_precision(target, tok, args, log)
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def train_at_precision(target, tok, args, log) -> dict:
     device = torch.device(args.device)
     if not 0 <= args.soft <= 1:
         raise ValueError(f"soft: must be in [0, 1], got {args.soft}")
@@ -543,7 +553,7 @@ def train(target, tok, args, log=print) -> dict:
     record = {"seed": args.seed, "sequences": len(data), "response_tokens": tokens,
               "samples": args.samples, "branch": args.branch,
               "temperature": args.temperature, "soft": args.soft,
-              "data_seconds": round(gen_s, 1)}  # fmt: skip
+              "data_seconds": round(gen_s, 1), "matmul_precision": args.matmul_precision}  # fmt: skip
     if args.held_out_tokens is not None:
         record["held_out_tokens"] = args.held_out_tokens
     if (out / "checkpoint" / "state.json").exists():
@@ -636,6 +646,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--soft", type=float, default=0.0,
                    help="weight of the target's whole next-token distribution in the loss, "
                    "against its argmax (distillation; default: 0)")  # fmt: skip
+    p.add_argument("--matmul-precision", choices=["highest", "high"], default="high",
+                   help="fp32 matmuls: high lets CUDA use TF32 tensor cores "
+                        "(default: high; the CPU computes fp32 either way)")  # fmt: skip
     p.add_argument("--lr", type=float, default=6e-4, help="peak learning rate (default: 6e-4)")
     p.add_argument("--held-out-tokens", type=int, default=None,
                    help="judge the held-out responses on their first N tokens (default: all "
