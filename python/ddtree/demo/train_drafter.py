@@ -553,7 +553,8 @@ def train_at_precision(target, tok, args, log) -> dict:
     record = {"seed": args.seed, "sequences": len(data), "response_tokens": tokens,
               "samples": args.samples, "branch": args.branch,
               "temperature": args.temperature, "soft": args.soft,
-              "data_seconds": round(gen_s, 1), "matmul_precision": args.matmul_precision}  # fmt: skip
+              "data_seconds": round(gen_s, 1),
+              "matmul_precision": args.matmul_precision}  # fmt: skip
     if args.held_out_tokens is not None:
         record["held_out_tokens"] = args.held_out_tokens
     if (out / "checkpoint" / "state.json").exists():
