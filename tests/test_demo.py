@@ -472,16 +472,19 @@ def test_the_shipped_drafter_is_the_recorded_file():
     assert cli.SHIPPED_SHA256 in readme
     meta = json.loads(safetensors_io.metadata(cli.SHIPPED_WEIGHTS)["ddtree"])
     assert (meta["layers"], meta["block"], meta["taps"]) == (2, 8, [1, 14, 27])
-    assert (meta["seed"], meta["step"], meta["response_tokens"]) == (0, 7000, 2106213)
-    assert (meta["samples"], meta["branch"], meta["temperature"]) == (8, 0.2, 1.0)
+    assert (meta["seed"], meta["step"], meta["response_tokens"]) == (0, 11000, 3152424)
+    assert (meta["samples"], meta["branch"], meta["temperature"]) == (12, 0.2, 1.0)
+    assert (meta["held_out_tokens"], meta["matmul_precision"]) == (128, "high")
     assert f"**{meta['held_out_acceptance']:.2f}**" in readme
     # `python -m ddtree.demo.train_drafter --device cuda --out DIR` is its recipe.
     from ddtree.demo import train_drafter as td
 
     args = td.parser().parse_args(["--out", "x"])
     assert (args.layers, args.block, list(args.taps)) == (meta["layers"], 8, meta["taps"])
-    assert (args.seed, args.samples, args.branch) == (meta["seed"], 8, meta["branch"])
-    assert (args.steps, args.batch, args.max_new_tokens, args.soft) == (10000, 64, 256, 0.0)
+    assert (args.seed, args.samples, args.branch) == (meta["seed"], 12, meta["branch"])
+    assert (args.steps, args.batch, args.max_new_tokens, args.soft) == (16000, 64, 256, 0.0)
+    assert (args.every, args.held_out_tokens) == (1000, meta["held_out_tokens"])
+    assert args.matmul_precision == meta["matmul_precision"]
 
 
 @needs_model

@@ -31,7 +31,7 @@ import torch
 
 # The demo's DFlash drafter (weights/README.md: how it was trained, what it accepts).
 SHIPPED_WEIGHTS = pathlib.Path(__file__).parent / "weights" / "dflash-smollm2-135m.safetensors"
-SHIPPED_SHA256 = "bc668e80d307d442c4614cfac9d73515aceb5e67cb97a239eaefe8ae17cc1f98"
+SHIPPED_SHA256 = "c3a8f6b22c1ec140165ef58e86c5e4dead36d640b3d7564032b1cae27b7b8da6"
 
 PROMPTS = (
     "What is the capital of France?",

@@ -621,9 +621,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", type=int, default=len(prompts()),
                    help=f"prompts used (default: all {len(prompts())})")  # fmt: skip
     p.add_argument("--max-new-tokens", type=int, default=256, help="default: 256")
-    p.add_argument("--samples", type=int, default=8,
+    p.add_argument("--samples", type=int, default=12,
                    help="responses per training prompt: one greedy, the rest branching "
-                   "(default: 8)")  # fmt: skip
+                   "(default: 12)")  # fmt: skip
     p.add_argument("--branch", type=float, default=BRANCHING.branch,
                    help="a branching response's chance per token of a draw instead of the "
                    "argmax (default: 0.2)")  # fmt: skip
@@ -639,7 +639,7 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="stop once the responses are decoded and written to --responses",
     )
-    p.add_argument("--steps", type=int, default=10000, help="default: 10000")
+    p.add_argument("--steps", type=int, default=16000, help="default: 16000")
     p.add_argument("--minutes", type=float, default=9.0, help="stop after (default: 9)")
     p.add_argument("--batch", type=int, default=64, help="sequences per step (default: 64)")
     p.add_argument("--anchors", type=int, default=16, help="anchors per sequence (default: 16)")
@@ -651,13 +651,15 @@ def parser() -> argparse.ArgumentParser:
                    help="fp32 matmuls: high lets CUDA use TF32 tensor cores "
                         "(default: high; the CPU computes fp32 either way)")  # fmt: skip
     p.add_argument("--lr", type=float, default=6e-4, help="peak learning rate (default: 6e-4)")
-    p.add_argument("--held-out-tokens", type=int, default=None,
-                   help="judge the held-out responses on their first N tokens (default: all "
-                   "of --max-new-tokens)")  # fmt: skip
+    p.add_argument("--held-out-tokens", type=int, default=128,
+                   help="judge the held-out responses on their first N tokens (default: 128; "
+                   "--max-new-tokens or more judges whole responses)")  # fmt: skip
     p.add_argument("--tree-budgets", type=lambda t: tuple(int(x) for x in t.split(",")),
                    default=(15, 63), help="DDTree budgets whose held-out tokens a round "
                    "each new best step records (default: 15,63)")  # fmt: skip
-    p.add_argument("--every", type=int, default=500, help="log every N steps (default: 500)")
+    p.add_argument(
+        "--every", type=int, default=1000, help="evaluate and log every N steps (default: 1000)"
+    )
     p.add_argument("--seed", type=int, default=0, help="default: 0")
     p.add_argument("--save-minutes", type=float, default=2.0,
                    help="checkpoint every N minutes too (default: 2)")  # fmt: skip
