@@ -12,7 +12,8 @@ shard.rs`). The accept gathers each node's best value and token per shard (12 by
 Supported here: CPU tensors (the gloo backend); greedy and temperature sampling on the shards
 (Gumbel-max keyed on the global token id, as the single-process CPU sampler draws), top-k /
 top-p by gathering the whole rows. CUDA tensors (NCCL, or gloo): the build only
-(`build_into_cuda`, stage 1 as `ddtree._partials` parts; not yet run on a GPU, session 17);
+(`build_into_cuda`, stage 1 as `ddtree._partials` parts; run on one H200 in session 18,
+ranks sharing it);
 an accept with a group refuses them. Every call first gathers each rank's argument checks
 (`agree`): a rank that refuses its arguments makes every rank raise, rather than leaving the
 others waiting in a collective.

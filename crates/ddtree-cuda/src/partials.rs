@@ -5,7 +5,8 @@
 //! whole row. Between the part launches and the merge, a caller may all-gather the part
 //! arrays across ranks (a few hundred bytes a row instead of the row).
 //!
-//! Not yet run on a GPU (session 17): compiled for sm_90 and sm_120 only.
+//! Run on an H200 in session 18: exact against the one-block stage 1 on every benchmark
+//! shape, but slower than it except at bs = 1 with large K (BENCHMARKS.md).
 
 use crate::device::enter_device;
 use crate::launch::{CANDIDATE_SMEM, CANDIDATE_THREADS, MAX_K};
