@@ -369,10 +369,13 @@ def test_the_training_job_runs_resumes_and_writes_its_record(tmp_path):
         minutes=5.0, batch=4, anchors=3, gamma=2.0, lr=1e-3, every=1, seed=0, out=str(tmp_path),
         save_minutes=0.0, checkpoint_moments="bfloat16", samples=2, gen_batch=4, branch=0.5,
         temperature=1.0, soft=0.5, tree_budgets=(3, 15), responses=None, responses_only=False,
-        held_out_tokens=4,
+        held_out_tokens=4, matmul_precision="high",
     )  # fmt: skip
     lines = []
+    before = torch.get_float32_matmul_precision()
     record = td.train(target, tok, args, log=lines.append)
+    assert record["matmul_precision"] == "high"
+    assert torch.get_float32_matmul_precision() == before  # torch's setting is restored
     assert record["step"] == 3 and record["sequences"] == 20 and record["held_out_acceptance"] >= 1
     assert record["held_out_tokens"] == 4
     assert any(line.startswith("step 3/3: loss") for line in lines)
@@ -406,7 +409,7 @@ def test_a_responses_file_gives_other_drafters_the_same_data_without_decoding(tm
         minutes=5.0, batch=4, anchors=3, gamma=2.0, lr=1e-3, every=1, seed=3,
         out=str(tmp_path / "a"), save_minutes=0.0, checkpoint_moments="bfloat16", samples=2,
         gen_batch=4, branch=0.5, temperature=1.0, soft=0.0, tree_budgets=(3,),
-        responses=None, responses_only=True, held_out_tokens=None,
+        responses=None, responses_only=True, held_out_tokens=None, matmul_precision="highest",
     )  # fmt: skip
     with pytest.raises(ValueError, match="responses_only"):
         td.train(target, tok, args)
