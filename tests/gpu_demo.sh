@@ -14,8 +14,9 @@
 # and writes $OUT/bsN.json, its table in $OUT/summary.md, progress in $OUT/run.log.
 # DEMO_ARGS adds flags to every demo run (e.g. "--max-new-tokens 32 --budget 63").
 # `train` (not in the default STEPS) runs `python -m ddtree.demo.train_drafter` for
-# TRAIN_MINUTES (whole minutes, default 6; TRAIN_DATA_SECONDS, default 150, on top for the
-# data) with TRAIN_ARGS, resuming from the checkout's
+# TRAIN_MINUTES (whole minutes, default 5; TRAIN_DATA_SECONDS, default 265, on top for the
+# data: the shipped recipe's 12 responses a prompt decode in 3.5–5 minutes) with
+# TRAIN_ARGS, resuming from the checkout's
 # train_ckpt/ (a git-ignored folder carried along) when it has one, or with TRAIN_RESUME=1
 # from /tmp/train as an earlier call on the same warm machine left it (a two-layer
 # checkpoint is over what a call carries or brings back); the checkpoint's shards,
@@ -85,16 +86,16 @@ EOF
         done
         ;;
     train)
-        minutes=${TRAIN_MINUTES:-6}
+        minutes=${TRAIN_MINUTES:-5}
         log "train_drafter $minutes min ${TRAIN_ARGS:-}"
         if [ "${TRAIN_RESUME:-0}" != 1 ]; then
             rm -rf /tmp/train && mkdir -p /tmp/train
             [ -d train_ckpt/checkpoint ] && cp -r train_ckpt/checkpoint /tmp/train/
         fi
         # shellcheck disable=SC2086
-        # The data generation's minute or two on top of the training's own limit, within
+        # The data generation's minutes on top of the training's own limit, within
         # the call (the checkpoint is also saved every two minutes).
-        limit=$(( minutes * 60 + ${TRAIN_DATA_SECONDS:-150} )); [ "$limit" -gt 570 ] && limit=570
+        limit=$(( minutes * 60 + ${TRAIN_DATA_SECONDS:-265} )); [ "$limit" -gt 570 ] && limit=570
         timeout "$limit" python3 -m ddtree.demo.train_drafter --device cuda \
             --out /tmp/train --minutes "$minutes" ${TRAIN_ARGS:-} \
             2>&1 | tee -a "$OUT/run.log" || status=1
@@ -105,7 +106,7 @@ EOF
         rm -rf /tmp/sweep && mkdir -p /tmp/sweep
         log "sweep: responses, ${TRAIN_ARGS:-}"
         # shellcheck disable=SC2086
-        timeout 300 python3 -m ddtree.demo.train_drafter --device cuda --out /tmp/sweep/r \
+        timeout 400 python3 -m ddtree.demo.train_drafter --device cuda --out /tmp/sweep/r \
             --responses /tmp/sweep/responses.pt --responses-only ${TRAIN_ARGS:-} \
             2>&1 | tee -a "$OUT/run.log" || status=1
         IFS=';' read -ra variants <<< "${TRAIN_SWEEP:-}"
