@@ -12,7 +12,9 @@
 # (its report in $OUT/demo.txt); `demo` runs
 # `python -m ddtree demo --device cuda --bs N --json` for each N in $BS (default "1 8 32")
 # and writes $OUT/bsN.json, its table in $OUT/summary.md, progress in $OUT/run.log.
-# DEMO_ARGS adds flags to every demo run (e.g. "--max-new-tokens 32 --budget 63").
+# DEMO_ARGS adds flags to every demo run (e.g. "--max-new-tokens 32 --budget 63"); with
+# HELD_OUT=1 the runs take N of the drafter's held-out prompts (`--held-out N`, what the
+# drafter's goals are measured on) instead of N story prompts.
 # `train` (not in the default STEPS) runs `python -m ddtree.demo.train_drafter` for
 # TRAIN_MINUTES (whole minutes, default 5; TRAIN_DATA_SECONDS, default 265, on top for the
 # data: the shipped recipe's 12 responses a prompt decode in 3.5–5 minutes) with
@@ -72,10 +74,11 @@ for step in $STEPS; do
         ;;
     demo)
         for bs in $BS; do
-            log "demo --bs $bs $DEMO_ARGS"
+            source_flag=--bs; [ "${HELD_OUT:-0}" = 1 ] && source_flag=--held-out
+            log "demo $source_flag $bs $DEMO_ARGS"
             # shellcheck disable=SC2086
-            timeout "$STEP_SECONDS" python3 -m ddtree demo --device cuda --bs "$bs" --json \
-                $DEMO_ARGS > "$OUT/bs$bs$TAG.json" 2>> "$OUT/run.log" || status=1
+            timeout "$STEP_SECONDS" python3 -m ddtree demo --device cuda "$source_flag" "$bs" \
+                --json $DEMO_ARGS > "$OUT/bs$bs$TAG.json" 2>> "$OUT/run.log" || status=1
             python3 - "$OUT/bs$bs$TAG.json" >> "$OUT/summary.md" <<'EOF' || status=1
 import json, sys
 from ddtree.demo.cli import table

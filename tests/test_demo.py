@@ -221,6 +221,9 @@ def test_a_first_token_that_ends_the_turn_finishes_at_the_start():
         (["--page-size", "3"], "--page-size"),
         (["--draft-layers", "31"], "--draft-layers"),
         (["--bs", "2", "--prompt", "x"], "--bs"),
+        (["--held-out", "0"], "--held-out"),
+        (["--held-out", "199"], "--held-out"),
+        (["--held-out", "2", "--bs", "2"], "--held-out"),
         (["--temperature", "-1"], "--temperature"),
         (["--drafter", "early-exit", "--draft-weights", "x.pt"], "--draft-weights"),
         (["--draft-weights", "x.pt"], "--draft-weights"),
@@ -325,6 +328,17 @@ def test_table_is_aligned_and_relative_to_greedy():
     # Columns line up: every row's second cell starts where the header's does.
     at = lines[0].index(" B ") + 1
     assert all(line[at] in "-6" for line in lines[1:])
+
+
+def test_held_out_prompts_are_the_drafters_never_trained_on():
+    from ddtree.demo import train_drafter as td
+
+    train, held = td.split(td.prompts())
+    assert len(held) == cli.HELD_OUT
+    assert cli.held_out_prompts(cli.HELD_OUT) == held
+    some = cli.held_out_prompts(8)
+    assert len(set(some)) == 8 and some[0] == held[0]
+    assert not set(some) & set(train)
 
 
 def test_story_prompts_are_distinct_and_ragged():

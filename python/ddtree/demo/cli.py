@@ -52,6 +52,19 @@ DECODERS = ("greedy", "chain", "ddtree", "cpu-build")
 STAGES = ("draft", "build", "verify", "accept_commit")
 
 
+# The prompts train_drafter holds out of the shipped drafter's training (every tenth).
+HELD_OUT = 198
+
+
+def held_out_prompts(n: int) -> list[str]:
+    """`n` of the held-out prompts, evenly spaced (all of them for n = HELD_OUT): what the
+    issue's acceptance and speed goals are measured on."""
+    from .train_drafter import prompts, split
+
+    held = split(prompts())[1]
+    return [held[i * len(held) // n] for i in range(n)]
+
+
 def story_prompts(bs: int) -> list[str]:
     return [
         f"Tell me a story about dragon number {i + 1}. {EXTRAS[i % len(EXTRAS)]}".strip()
@@ -80,6 +93,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", action="append", help="a user message (repeatable; default: "
                    "three built-in prompts)")  # fmt: skip
     p.add_argument("--bs", type=int, help="instead of --prompt: N built-in story prompts")
+    p.add_argument("--held-out", type=int, metavar="N", help="instead of --prompt: N of the "
+                   f"shipped drafter's {HELD_OUT} held-out prompts (never trained on), evenly "
+                   "spaced")  # fmt: skip
     p.add_argument("--max-new-tokens", type=int, help="tokens per prompt (default: 16 on the "
                    "CPU, 128 on CUDA); given, every prompt gets exactly that many, past its "
                    "end-of-turn token unless --stop-at-eos")  # fmt: skip
@@ -128,8 +144,12 @@ def check_args(args) -> str | None:
         args.budget = (15, 31, 63) if cuda else (3,)
     if args.prompt and args.bs is not None:
         return "--bs: give either --prompt or --bs, not both"
+    if args.held_out is not None and (args.prompt or args.bs is not None):
+        return "--held-out: give one of --prompt, --bs and --held-out"
     checks = [
         ("--bs", args.bs is None or args.bs >= 1, "must be at least 1"),
+        ("--held-out", args.held_out is None or 1 <= args.held_out <= HELD_OUT,
+         f"must be in 1..{HELD_OUT}"),
         ("--max-new-tokens", args.max_new_tokens >= 1, "must be at least 1"),
         ("--budget", bool(args.budget) and all(1 <= b <= 1023 for b in args.budget),
          "each budget must be in 1..1023"),
@@ -174,6 +194,8 @@ def run(args) -> int:
     dtype = getattr(torch, args.dtype or ("float32" if device.type == "cpu" else "bfloat16"))
     tok = load_tokenizer()
     texts = list(args.prompt or (story_prompts(args.bs) if args.bs else PROMPTS))
+    if args.held_out:
+        texts = held_out_prompts(args.held_out)
     if not args.json:
         for b, text in enumerate(texts):
             log(f"prompt {b}: {text}")
