@@ -10,15 +10,13 @@ session 17; passed on one H200 (2 and 3 ranks sharing it) in session 18.
 from __future__ import annotations
 
 import os
-import tempfile
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import ddtree
-from test_vocab_parallel import CASES, draft_case, same, shards_of
+from test_vocab_parallel import CASES, draft_case, same, shards_of, spawn_ranks
 
 pytestmark = [
     pytest.mark.gpu,
@@ -65,8 +63,4 @@ def run_rank(rank: int, tp: int, init: str, out_dir: str) -> None:
 
 @pytest.mark.parametrize("tp", [2, 3])
 def test_every_rank_builds_the_single_gpu_tree(tp):
-    with tempfile.TemporaryDirectory() as d:
-        init = "file://" + os.path.join(d, "store")
-        mp.spawn(run_rank, args=(tp, init, d), nprocs=tp, join=True)
-        done = [open(os.path.join(d, f"rank{r}")).read() for r in range(tp)]
-    assert done == [str(2 * len(CASES) + 1)] * tp
+    assert spawn_ranks(run_rank, tp) == [str(2 * len(CASES) + 1)] * tp

@@ -175,13 +175,18 @@ def run_rank(rank: int, tp: int, init: str, out_dir: str) -> None:
     os._exit(0)
 
 
-@pytest.mark.parametrize("tp", [2, 3])
-def test_every_rank_builds_and_accepts_what_the_single_process_call_does(tp):
+def spawn_ranks(run, tp: int) -> list[str]:
+    """Runs `run(rank, tp, init, out_dir)` on `tp` processes (a file store for the group) and
+    returns what each rank wrote to ``out_dir/rank{r}``: the count of cases it checked."""
     with tempfile.TemporaryDirectory() as d:
         init = "file://" + os.path.join(d, "store")
-        mp.spawn(run_rank, args=(tp, init, d), nprocs=tp, join=True)
-        done = [open(os.path.join(d, f"rank{r}")).read() for r in range(tp)]
-    assert done == [str(2 * len(CASES))] * tp
+        mp.spawn(run, args=(tp, init, d), nprocs=tp, join=True)
+        return [open(os.path.join(d, f"rank{r}")).read() for r in range(tp)]
+
+
+@pytest.mark.parametrize("tp", [2, 3])
+def test_every_rank_builds_and_accepts_what_the_single_process_call_does(tp):
+    assert spawn_ranks(run_rank, tp) == [str(2 * len(CASES))] * tp
 
 
 def test_a_group_needs_cpu_tensors_and_vocab_start_needs_a_group():

@@ -8,11 +8,11 @@
 //! Run on an H200 in session 18: exact against the one-block stage 1 on every benchmark
 //! shape, but slower than it except at bs = 1 with large K (BENCHMARKS.md).
 
-use crate::device::enter_device;
+use crate::device::{enter_device, Device};
 use crate::launch::{CANDIDATE_SMEM, CANDIDATE_THREADS, MAX_K};
 use crate::params::PartialParams;
 use crate::{launch_params, CudaError, Dtype, Logits};
-use cudarc::driver::sys::CUstream;
+use cudarc::driver::sys::{CUfunction, CUstream};
 
 /// Entries a merge selects among in shared memory (`kTieCap`): parts × K at most.
 pub const MAX_PART_ENTRIES: usize = 8192;
@@ -148,10 +148,7 @@ pub fn chunk_for(vocab: usize, k: usize, rows: usize, blocks: usize) -> usize {
     c
 }
 
-fn by_dtype(
-    fns: &[cudarc::driver::sys::CUfunction; 3],
-    dtype: Dtype,
-) -> cudarc::driver::sys::CUfunction {
+fn by_dtype(fns: &[CUfunction; 3], dtype: Dtype) -> CUfunction {
     match dtype {
         Dtype::F32 => fns[0],
         Dtype::F16 => fns[1],
@@ -170,20 +167,13 @@ pub unsafe fn stage1_parts(
     slice: PartSlice,
     arrays: PartArrays,
 ) -> Result<(), CudaError> {
-    arrays.check()?;
-    let p = slice.params(&logits, &arrays)?;
-    let (dev, _ctx) = enter_device(ordinal)?;
-    let grid = (arrays.rows as u32, slice.count(logits.shape[2]) as u32, 1);
-    let f = by_dtype(&dev.partials, logits.dtype);
-    launch_params(
-        "cuLaunchKernel(partials)",
-        f,
-        grid,
-        CANDIDATE_THREADS,
-        CANDIDATE_SMEM,
-        stream as CUstream,
-        &p,
-    )
+    let kernel = PartKernel {
+        call: "cuLaunchKernel(partials)",
+        pick: |d| &d.partials,
+        threads: CANDIDATE_THREADS,
+        smem: CANDIDATE_SMEM,
+    };
+    kernel.launch(ordinal, stream, logits, slice, arrays)
 }
 
 /// Each part's fixed-point exp-sum against its row's maximum over every part's maximum in
@@ -198,20 +188,49 @@ pub unsafe fn stage1_part_sums(
     slice: PartSlice,
     arrays: PartArrays,
 ) -> Result<(), CudaError> {
-    arrays.check()?;
-    let p = slice.params(&logits, &arrays)?;
-    let (dev, _ctx) = enter_device(ordinal)?;
-    let grid = (arrays.rows as u32, slice.count(logits.shape[2]) as u32, 1);
-    let f = by_dtype(&dev.partial_sums, logits.dtype);
-    launch_params(
-        "cuLaunchKernel(partial_sums)",
-        f,
-        grid,
-        SUM_THREADS,
-        0,
-        stream as CUstream,
-        &p,
-    )
+    let kernel = PartKernel {
+        call: "cuLaunchKernel(partial_sums)",
+        pick: |d| &d.partial_sums,
+        threads: SUM_THREADS,
+        smem: 0,
+    };
+    kernel.launch(ordinal, stream, logits, slice, arrays)
+}
+
+/// A kernel run once per (row, part) of a slice: the parts and their sums.
+struct PartKernel {
+    call: &'static str,
+    pick: fn(&Device) -> &[CUfunction; 3],
+    threads: u32,
+    smem: usize,
+}
+
+impl PartKernel {
+    /// # Safety
+    /// As [`stage1_parts`].
+    unsafe fn launch(
+        &self,
+        ordinal: usize,
+        stream: u64,
+        logits: Logits,
+        slice: PartSlice,
+        arrays: PartArrays,
+    ) -> Result<(), CudaError> {
+        arrays.check()?;
+        let p = slice.params(&logits, &arrays)?;
+        let (dev, _ctx) = enter_device(ordinal)?;
+        let grid = (arrays.rows as u32, slice.count(logits.shape[2]) as u32, 1);
+        let f = by_dtype((self.pick)(&dev), logits.dtype);
+        launch_params(
+            self.call,
+            f,
+            grid,
+            self.threads,
+            self.smem,
+            stream as CUstream,
+            &p,
+        )
+    }
 }
 
 /// Stage 1's outputs of each row from its parts: log-probs and ids `[rows, k]` (float32,
