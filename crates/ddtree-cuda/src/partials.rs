@@ -156,81 +156,49 @@ fn by_dtype(fns: &[CUfunction; 3], dtype: Dtype) -> CUfunction {
     }
 }
 
-/// Each part's top K, maximum and NaN/+inf flag into `arrays`.
+/// A launch over every (row, part) of a slice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PartStage {
+    /// Each part's top K, maximum and NaN/+inf flag into the part arrays.
+    Parts,
+    /// Each part's fixed-point exp-sum against its row's maximum over every part's maximum
+    /// in `arrays.maxima` (all of them written first: this launch's, and on other ranks,
+    /// gathered).
+    Sums,
+}
+
+/// The `stage` launch over this slice's parts, into `arrays`.
 ///
 /// # Safety
 /// Live device pointers of the stated shapes on device `ordinal`.
 pub unsafe fn stage1_parts(
+    stage: PartStage,
     ordinal: usize,
     stream: u64,
     logits: Logits,
     slice: PartSlice,
     arrays: PartArrays,
 ) -> Result<(), CudaError> {
-    let kernel = PartKernel {
-        call: "cuLaunchKernel(partials)",
-        pick: |d| &d.partials,
-        threads: CANDIDATE_THREADS,
-        smem: CANDIDATE_SMEM,
+    let (call, fns, threads, smem): (_, fn(&Device) -> &[CUfunction; 3], _, _) = match stage {
+        PartStage::Parts => (
+            "cuLaunchKernel(partials)",
+            |d| &d.partials,
+            CANDIDATE_THREADS,
+            CANDIDATE_SMEM,
+        ),
+        PartStage::Sums => (
+            "cuLaunchKernel(partial_sums)",
+            |d| &d.partial_sums,
+            SUM_THREADS,
+            0,
+        ),
     };
-    kernel.launch(ordinal, stream, logits, slice, arrays)
-}
-
-/// Each part's fixed-point exp-sum against its row's maximum over every part's maximum in
-/// `arrays.maxima` (all of them written first: this launch's, and on other ranks, gathered).
-///
-/// # Safety
-/// As [`stage1_parts`].
-pub unsafe fn stage1_part_sums(
-    ordinal: usize,
-    stream: u64,
-    logits: Logits,
-    slice: PartSlice,
-    arrays: PartArrays,
-) -> Result<(), CudaError> {
-    let kernel = PartKernel {
-        call: "cuLaunchKernel(partial_sums)",
-        pick: |d| &d.partial_sums,
-        threads: SUM_THREADS,
-        smem: 0,
-    };
-    kernel.launch(ordinal, stream, logits, slice, arrays)
-}
-
-/// A kernel run once per (row, part) of a slice: the parts and their sums.
-struct PartKernel {
-    call: &'static str,
-    pick: fn(&Device) -> &[CUfunction; 3],
-    threads: u32,
-    smem: usize,
-}
-
-impl PartKernel {
-    /// # Safety
-    /// As [`stage1_parts`].
-    unsafe fn launch(
-        &self,
-        ordinal: usize,
-        stream: u64,
-        logits: Logits,
-        slice: PartSlice,
-        arrays: PartArrays,
-    ) -> Result<(), CudaError> {
-        arrays.check()?;
-        let p = slice.params(&logits, &arrays)?;
-        let (dev, _ctx) = enter_device(ordinal)?;
-        let grid = (arrays.rows as u32, slice.count(logits.shape[2]) as u32, 1);
-        let f = by_dtype((self.pick)(&dev), logits.dtype);
-        launch_params(
-            self.call,
-            f,
-            grid,
-            self.threads,
-            self.smem,
-            stream as CUstream,
-            &p,
-        )
-    }
+    arrays.check()?;
+    let p = slice.params(&logits, &arrays)?;
+    let (dev, _ctx) = enter_device(ordinal)?;
+    let grid = (arrays.rows as u32, slice.count(logits.shape[2]) as u32, 1);
+    let f = by_dtype(fns(&dev), logits.dtype);
+    launch_params(call, f, grid, threads, smem, stream as CUstream, &p)
 }
 
 /// Stage 1's outputs of each row from its parts: log-probs and ids `[rows, k]` (float32,

@@ -155,7 +155,7 @@ pub fn cuda_stage1_parts(
     id0: usize,
     arrays: &Bound<'_, PyDict>,
 ) -> PyResult<()> {
-    use ddtree_cuda::partials::{stage1_part_sums, stage1_parts, PartSlice};
+    use ddtree_cuda::partials::{stage1_parts, PartSlice, PartStage};
     let logits = logits_of(&logits, "logits")?;
     let arrays = part_arrays(arrays)?;
     let slice = PartSlice {
@@ -163,9 +163,9 @@ pub fn cuda_stage1_parts(
         part_base,
         id0,
     };
-    let launch = match which {
-        "parts" => stage1_parts,
-        "sums" => stage1_part_sums,
+    let stage = match which {
+        "parts" => PartStage::Parts,
+        "sums" => PartStage::Sums,
         _ => {
             return Err(pyo3::exceptions::PyValueError::new_err(format!(
                 "which: \"parts\" or \"sums\", got {which:?}"
@@ -173,7 +173,7 @@ pub fn cuda_stage1_parts(
         }
     };
     // SAFETY: the Python layer passes live CUDA tensors of the stated shapes (tensor.rs).
-    py.detach(|| unsafe { launch(device, stream as u64, logits, slice, arrays) })
+    py.detach(|| unsafe { stage1_parts(stage, device, stream as u64, logits, slice, arrays) })
         .map_err(errors::cuda_to_py)
 }
 
