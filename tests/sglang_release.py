@@ -118,12 +118,6 @@ def wheel_path(workdir: Path) -> Path:
     return next(workdir.glob("sglang-*.whl"))
 
 
-def present(root: Path = ROOT) -> bool:
-    """Whether the module tree can be had without the network (extracted, or a wheel
-    named by ``$DDTREE_SGLANG_WHEEL``): the GPU machine has none."""
-    return (root / FILES[0]).exists() or bool(os.environ.get("DDTREE_SGLANG_WHEEL"))
-
-
 def extract(root: Path = ROOT) -> Path:
     """The module tree under ``root`` (extracted once)."""
     if (root / FILES[0]).exists():

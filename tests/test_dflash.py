@@ -394,6 +394,10 @@ def test_the_training_job_runs_resumes_and_writes_its_record(tmp_path):
     _, cfg, meta = td.load_weights(tmp_path / "drafter.safetensors", target.config)
     assert cfg.block == 4 and meta["step"] == again["best_step"] <= 5
     assert meta["held_out_acceptance"] == again["held_out_acceptance"] == again["best_held_out"]
+    # A job past its total time stops before another step, its checkpoint and record kept.
+    args.steps, args.total_minutes = 9, 0.0
+    late = td.train(target, tok, args, log=lines.append)
+    assert late["step"] == 5 and (tmp_path / "checkpoint" / "state.json").exists()
 
 
 def test_a_responses_file_gives_other_drafters_the_same_data_without_decoding(tmp_path):

@@ -197,9 +197,10 @@ def test_sglang_kv_move_sources_are_ddtree_kept_slots(eagle_ops):
 def test_sglang_kv_move_targets_are_where_compact_kv_writes():
     """Where SGLang moves them (``fill_front_out_cache_loc_func``): each request's first
     ``accept_len`` window slots, where ``ddtree.compact_kv`` writes the kept rows."""
-    if not sglang_release.present():  # the GPU machine cannot download the wheel
-        pytest.skip("SGLang 0.5.23's files are not here: carry tests/.sglang-0.5.23")
-    cache_locs = sglang_release.load("sglang.kernels.ops.speculative.cache_locs")
+    try:
+        cache_locs = sglang_release.load("sglang.kernels.ops.speculative.cache_locs")
+    except subprocess.CalledProcessError:  # no files here and no network (the GPU machine)
+        pytest.skip("SGLang 0.5.23's files could not be had: carry tests/.sglang-0.5.23")
     for seed, kind in enumerate(KINDS):
         acc, out_cache_loc, size, n = kv_move_case(seed, kind)
         targets = torch.zeros(size, dtype=torch.int64, device=DEVICE)

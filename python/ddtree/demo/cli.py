@@ -57,8 +57,8 @@ HELD_OUT = 198
 
 
 def held_out_prompts(n: int) -> list[str]:
-    """`n` of the held-out prompts, evenly spaced (all of them for n = HELD_OUT): what the
-    issue's acceptance and speed goals are measured on."""
+    """`n` of the held-out prompts, evenly spaced (all of them for n = HELD_OUT): prompts
+    like the drafter's training ones that it never saw, where its acceptance is judged."""
     from .train_drafter import prompts, split
 
     held = split(prompts())[1]
@@ -139,8 +139,9 @@ def check_args(args) -> str | None:
         args.max_new_tokens = 128 if cuda else 16
     if args.budget is None:
         # On two CPU cores a verify token costs a fair share of a forward, so a small tree
-        # pays best (BENCHMARKS.md, session 17: B = 3 1.52× greedy, B = 7 1.34×); on the
-        # H200 B = 15 (bs 1-32: 1.40-2.00×), 31 and 63 to show a larger tree's cost and gain.
+        # pays (BENCHMARKS.md, session 18, 128 tokens: B = 3 1.62× greedy, B = 7 1.62×; a
+        # B = 3 round is the cheaper one, so shorter answers gain more); on the H200 B = 15
+        # (bs 1-32: 1.40-2.00×, session 17), 31 and 63 to show a larger tree's cost and gain.
         args.budget = (15, 31, 63) if cuda else (3,)
     if args.prompt and args.bs is not None:
         return "--bs: give either --prompt or --bs, not both"

@@ -509,17 +509,25 @@ def responses(engine, args, train_ids, held_ids, log) -> tuple[dict, float]:
 
 
 def train(target, tok, args, log=print) -> dict:
-    """The whole job (data, then steps until `args.steps` or `args.minutes`), resumable,
-    with fp32 matmuls at `args.matmul_precision` (torch's setting, restored after)."""
-    before = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision(args.matmul_precision)
+    """The whole job (data, then steps until `args.steps`, `args.minutes` of training or
+    `args.total_minutes` since the job began), resumable, with fp32 matmuls at
+    `args.matmul_precision` (torch's setting, restored after). A caller that set torch's
+    per-backend precisions instead keeps them (torch cannot report one setting then)."""
+    try:
+        before = torch.get_float32_matmul_precision()
+    except RuntimeError:
+        before = None
+    if before is not None:
+        torch.set_float32_matmul_precision(args.matmul_precision)
     try:
         return train_at_precision(target, tok, args, log)
     finally:
-        torch.set_float32_matmul_precision(before)
+        if before is not None:
+            torch.set_float32_matmul_precision(before)
 
 
 def train_at_precision(target, tok, args, log) -> dict:
+    job_start = time.perf_counter()
     device = torch.device(args.device)
     if not 0 <= args.soft <= 1:
         raise ValueError(f"soft: must be in [0, 1], got {args.soft}")
@@ -570,7 +578,14 @@ def train_at_precision(target, tok, args, log) -> dict:
     spent = record.get("train_seconds", 0.0)
     best = record.get("best_held_out", 0.0)  # the weights file holds the best so far
     start = saved = time.perf_counter()
-    while trainer.step < args.steps and time.perf_counter() - start < 60 * args.minutes:
+    total = getattr(args, "total_minutes", None)
+    deadline = math.inf if total is None else job_start + 60 * total
+
+    def more() -> bool:
+        now = time.perf_counter()
+        return trainer.step < args.steps and now - start < 60 * args.minutes and now < deadline
+
+    while more():
         loss = trainer.train_step(data, args.batch, args.anchors, args.gamma)
         now = spent + time.perf_counter() - start
         if time.perf_counter() - saved > 60 * args.save_minutes:  # a run cut short keeps it
@@ -640,7 +655,12 @@ def parser() -> argparse.ArgumentParser:
         help="stop once the responses are decoded and written to --responses",
     )
     p.add_argument("--steps", type=int, default=16000, help="default: 16000")
-    p.add_argument("--minutes", type=float, default=9.0, help="stop after (default: 9)")
+    p.add_argument("--minutes", type=float, default=9.0,
+                   help="stop training after (default: 9)")  # fmt: skip
+    p.add_argument("--total-minutes", type=float, default=None,
+                   help="stop training this long after the job began, data included, with "
+                   "its checkpoint and record written (a time limit's safe margin; default: "
+                   "none)")  # fmt: skip
     p.add_argument("--batch", type=int, default=64, help="sequences per step (default: 64)")
     p.add_argument("--anchors", type=int, default=16, help="anchors per sequence (default: 16)")
     p.add_argument("--gamma", type=float, default=4.0, help="loss decay (default: 4)")
@@ -648,8 +668,8 @@ def parser() -> argparse.ArgumentParser:
                    help="weight of the target's whole next-token distribution in the loss, "
                    "against its argmax (distillation; default: 0)")  # fmt: skip
     p.add_argument("--matmul-precision", choices=["highest", "high"], default="high",
-                   help="fp32 matmuls: high lets CUDA use TF32 tensor cores "
-                        "(default: high; the CPU computes fp32 either way)")  # fmt: skip
+                   help="fp32 matmuls: high lets them run as TF32 (CUDA's tensor cores, "
+                   "and oneDNN on CPUs that have it; default: high)")  # fmt: skip
     p.add_argument("--lr", type=float, default=6e-4, help="peak learning rate (default: 6e-4)")
     p.add_argument("--held-out-tokens", type=int, default=128,
                    help="judge the held-out responses on their first N tokens (default: 128; "
