@@ -96,6 +96,7 @@ def sglang_custom_mask(
 CUDA_MAX_BUDGET: int
 CUDA_MAX_K: int
 CUDA_MAX_DEPTH: int
+CUDA_MAX_PART_ENTRIES: int
 
 def cuda_build_tree(
     device: int,

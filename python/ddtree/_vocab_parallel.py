@@ -13,10 +13,9 @@ Supported here: CPU tensors (the gloo backend); greedy and temperature sampling 
 (Gumbel-max keyed on the global token id, as the single-process CPU sampler draws), top-k /
 top-p by gathering the whole rows. CUDA tensors (NCCL, or gloo): the build only
 (`build_into_cuda`, stage 1 as `ddtree._partials` parts; run on one H200 in session 18,
-ranks sharing it);
-an accept with a group refuses them. Every call first gathers each rank's argument checks
-(`agree`): a rank that refuses its arguments makes every rank raise, rather than leaving the
-others waiting in a collective.
+ranks sharing it); an accept with a group refuses them. Every call first gathers each
+rank's argument checks (`agree`): a rank that refuses its arguments makes every rank raise,
+rather than leaving the others waiting in a collective.
 """
 
 from __future__ import annotations
@@ -228,7 +227,7 @@ def part_layout(sizes: list[int], k: int, rows: int, device, group) -> tuple[int
     GPU for the largest shard, widened until every rank's lists fit one merge."""
     from . import _partials
 
-    room = 8192  # the merge's entries (ddtree_cuda::partials::MAX_PART_ENTRIES)
+    room = _core.CUDA_MAX_PART_ENTRIES  # the merge's entries
     if len(sizes) * k > room:
         raise ValueError(
             f"group: {len(sizes)} ranks' lists of K = {k} exceed the merge's {room} entries"

@@ -89,11 +89,7 @@ pub(crate) fn accept_launches(
             target.shape
         )));
     }
-    let f = dev.accept[match target.dtype {
-        Dtype::F32 => 0,
-        Dtype::F16 => 1,
-        Dtype::Bf16 => 2,
-    }];
+    let f = dev.accept[target.dtype.index()];
     let [s0, s1, s2] = target.strides;
     let cache = sampling.map_or(0, |_| slice_cache_bytes(vocab, target.dtype));
     let links = if q <= LINK_CAP { 12 * q } else { 0 };

@@ -100,6 +100,15 @@ pub enum Dtype {
 }
 
 impl Dtype {
+    /// Its place in a device's per-dtype kernel tables (f32, f16, bf16).
+    pub fn index(self) -> usize {
+        match self {
+            Dtype::F32 => 0,
+            Dtype::F16 => 1,
+            Dtype::Bf16 => 2,
+        }
+    }
+
     /// Bytes per element.
     pub fn size(self) -> usize {
         match self {

@@ -11,7 +11,7 @@
 use crate::device::{enter_device, Device};
 use crate::launch::{CANDIDATE_SMEM, CANDIDATE_THREADS, MAX_K};
 use crate::params::PartialParams;
-use crate::{launch_params, CudaError, Dtype, Logits};
+use crate::{launch_params, CudaError, Logits};
 use cudarc::driver::sys::{CUfunction, CUstream};
 
 /// Entries a merge selects among in shared memory (`kTieCap`): parts × K at most.
@@ -148,14 +148,6 @@ pub fn chunk_for(vocab: usize, k: usize, rows: usize, blocks: usize) -> usize {
     c
 }
 
-fn by_dtype(fns: &[CUfunction; 3], dtype: Dtype) -> CUfunction {
-    match dtype {
-        Dtype::F32 => fns[0],
-        Dtype::F16 => fns[1],
-        Dtype::Bf16 => fns[2],
-    }
-}
-
 /// A launch over every (row, part) of a slice.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PartStage {
@@ -197,7 +189,7 @@ pub unsafe fn stage1_parts(
     let p = slice.params(&logits, &arrays)?;
     let (dev, _ctx) = enter_device(ordinal)?;
     let grid = (arrays.rows as u32, slice.count(logits.shape[2]) as u32, 1);
-    let f = by_dtype(fns(&dev), logits.dtype);
+    let f = fns(&dev)[logits.dtype.index()];
     launch_params(call, f, grid, threads, smem, stream as CUstream, &p)
 }
 
@@ -240,6 +232,7 @@ pub unsafe fn stage1_merge(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Dtype;
 
     fn arrays(rows: usize, parts: usize, k: usize) -> PartArrays {
         PartArrays {

@@ -285,6 +285,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("CUDA_MAX_BUDGET", ddtree_cuda::launch::MAX_BUDGET)?;
     m.add("CUDA_MAX_K", ddtree_cuda::launch::MAX_K)?;
     m.add("CUDA_MAX_DEPTH", ddtree_cuda::launch::MAX_DEPTH)?;
+    m.add(
+        "CUDA_MAX_PART_ENTRIES",
+        ddtree_cuda::partials::MAX_PART_ENTRIES,
+    )?;
     m.add("MAX_DEPTH", ddtree_core::select::MAX_DEPTH)?;
     m.add("MAX_BUDGET", batch::MAX_BUDGET)?;
     for (name, code) in ddtree_core::status::ALL {
