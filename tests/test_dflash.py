@@ -369,7 +369,7 @@ def test_the_training_job_runs_resumes_and_writes_its_record(tmp_path):
         minutes=5.0, batch=4, anchors=3, gamma=2.0, lr=1e-3, every=1, seed=0, out=str(tmp_path),
         save_minutes=0.0, checkpoint_moments="bfloat16", samples=2, gen_batch=4, branch=0.5,
         temperature=1.0, soft=0.5, tree_budgets=(3, 15), responses=None, responses_only=False,
-        held_out_tokens=4, matmul_precision="high",
+        held_out_tokens=4, matmul_precision="high", total_minutes=None,
     )  # fmt: skip
     lines = []
     before = torch.get_float32_matmul_precision()
@@ -414,6 +414,7 @@ def test_a_responses_file_gives_other_drafters_the_same_data_without_decoding(tm
         out=str(tmp_path / "a"), save_minutes=0.0, checkpoint_moments="bfloat16", samples=2,
         gen_batch=4, branch=0.5, temperature=1.0, soft=0.0, tree_budgets=(3,),
         responses=None, responses_only=True, held_out_tokens=None, matmul_precision="highest",
+        total_minutes=None,
     )  # fmt: skip
     with pytest.raises(ValueError, match="responses_only"):
         td.train(target, tok, args)

@@ -578,7 +578,7 @@ def train_at_precision(target, tok, args, log) -> dict:
     spent = record.get("train_seconds", 0.0)
     best = record.get("best_held_out", 0.0)  # the weights file holds the best so far
     start = saved = time.perf_counter()
-    total = getattr(args, "total_minutes", None)
+    total = args.total_minutes
     deadline = math.inf if total is None else job_start + 60 * total
 
     def more() -> bool:
