@@ -4,7 +4,8 @@ each over NCCL (needs `tp` GPUs) — build the tree two ways —
 
 * ``group=``: `ddtree.build_tree(shard, ..., group=pg)`, which gathers each row's partials
   (best K, maximum, exact exp-sum) and merges them (on CUDA: the part arrays of
-  `ddtree._partials`, summed across the ranks; not yet run, session 17);
+  `ddtree._partials`, summed across the ranks; this benchmark needs a GPU a rank and has
+  not run yet);
 * gather: all-gather the bf16 logit slices (what a serving stack does before anything can
   read them), then the single-process build on the whole rows —
 
