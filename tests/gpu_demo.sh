@@ -15,6 +15,10 @@
 # DEMO_ARGS adds flags to every demo run (e.g. "--max-new-tokens 32 --budget 63"); with
 # HELD_OUT=1 the runs take N of the drafter's held-out prompts (`--held-out N`, what the
 # drafter's goals are measured on) instead of N story prompts.
+# `singles` (not in the default STEPS) decodes held-out prompts one at a time, bs = 1, each
+# in its own demo run (`--prompt`, DEMO_ARGS): the indices in SINGLES (of the 198, default
+# "0 33 66 99 132 165"); each run's JSON is $OUT/one_I.json, and $OUT/singles.md sums them
+# per decoder (tokens over seconds, tokens over rounds), so bs = 1 is not one prompt's luck.
 # `train` (not in the default STEPS) runs `python -m ddtree.demo.train_drafter` for
 # TRAIN_MINUTES (whole minutes, default 5; TRAIN_DATA_SECONDS, default 265, on top for the
 # data: the shipped recipe's 12 responses a prompt took 220 and 291 s with their annotation)
@@ -94,6 +98,29 @@ print(f"\n### bs={doc['bs']}, {doc['dtype']}, {doc['max_new_tokens']} new tokens
 print("```\n" + table(doc) + "\n```")
 EOF
         done
+        ;;
+    singles)
+        for i in ${SINGLES:-0 33 66 99 132 165}; do
+            text=$(python3 -c "from ddtree.demo.cli import held_out_prompts as h; print(h(198)[$i])")
+            log "demo --prompt (held-out $i) $DEMO_ARGS"
+            # shellcheck disable=SC2086
+            timeout "$STEP_SECONDS" python3 -m ddtree demo --device cuda --prompt "$text" \
+                --json $DEMO_ARGS > "$OUT/one_$i.json" 2>> "$OUT/run.log" || status=1
+        done
+        python3 - "$OUT"/one_*.json > "$OUT/singles.md" <<'EOF' || status=1
+import json, sys
+rows = {}
+for path in sys.argv[1:]:
+    for d in json.load(open(path))["decoders"]:
+        r = rows.setdefault((d["decoder"], d["budget"]), [0, 0.0, 0])
+        r[0] += d["generated"]; r[1] += d["seconds"]; r[2] += d["rounds"]
+base = rows.get(("greedy", None))
+print(f"{len(sys.argv) - 1} held-out prompts, one at a time (bs = 1); summed over them:")
+print("decoder   B     tokens/s  x greedy  tokens/round")
+for (name, b), (n, s, k) in rows.items():
+    ratio = f"{(n / s) / (base[0] / base[1]):.2f}" if base else "-"
+    print(f"{name:9} {'-' if b is None else b:>5} {n / s:9.1f}  {ratio:>8}  {n / max(k, 1):.2f}")
+EOF
         ;;
     train)
         minutes=${TRAIN_MINUTES:-5}
