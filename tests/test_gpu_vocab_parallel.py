@@ -11,6 +11,7 @@ test ran on one H200 in session 18; the accept's was written then and has not ye
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -92,22 +93,31 @@ def test_every_rank_builds_the_single_gpu_tree(tp):
 def test_shard_keys_of_any_cut_walk_to_the_single_gpu_acceptance(cut):
     """One process, one GPU: the keys of every shard of a cut of the vocabulary (strided
     views of the whole rows), stacked as the ranks gather them, walk to `accept_tree` on
-    the whole rows, greedy and sampled by temperature: ties across the cuts, an all -inf
-    node row, a NaN, a one-token shard (cut 1)."""
+    the whole rows, greedy and sampled by temperature: ties across the cuts (a signed-zero
+    one too), an all -inf node row, a NaN, +inf in two shards, a one-token shard (cut 1),
+    a corrupt link, and a temperature so small that the scores overflow."""
     from ddtree import _buffers, _sampling
     from ddtree import _vocab_parallel as vp
 
-    device = torch.device("cuda")
+    device = torch.device("cuda", torch.cuda.current_device())  # == a tensor's device
     for n, (bs, depth, vocab, budget, topk, dtype) in enumerate(CASES):
         x = draft_case(n, bs, depth, vocab, dtype).to(device)
         roots = (torch.arange(bs) * 7 % vocab).to(device)
         prefix = (torch.arange(bs) * 5 + 3).to(device)
         tree = ddtree.build_tree(x, roots, prefix, budget=budget, topk=topk)
         t = target_case(n, tree, vocab).to(dtype).to(device)
-        for tp in (1, 2, 3):
-            for sampling in SAMPLING(bs)[:3]:  # greedy, then temperature alone
+        half, q = vocab // 2, t.shape[1]
+        t[0, q - 1, :] = -1.0
+        t[0, q - 1, half - 1], t[0, q - 1, half] = -0.0, 0.0  # a signed-zero tie at a cut
+        t[bs - 1, q - 1, vocab - 1] = t[bs - 1, q - 1, 1] = float("inf")  # +inf, two shards
+        # A corrupt link (out of range) in the last request: its root-only result and code.
+        bad = dataclasses.replace(tree, first_child=tree.first_child.clone())
+        bad.first_child[bs - 1, 0] = 10**6
+        extreme = {"temperature": 1e-38, "generator": 4}  # scores overflow: no pruning
+        for tp, walked in ((1, tree), (2, tree), (3, tree), (2, bad)):
+            for sampling in SAMPLING(bs)[:3] + [extreme]:  # greedy, then temperature alone
                 sampling = on_device(sampling, device)
-                want = ddtree.accept_tree(tree, t, **sampling)
+                want = ddtree.accept_tree(walked, t, **sampling)
                 state = None
                 if sampling:
                     state = _sampling.SamplingState(bs, device, sampling["generator"])
@@ -117,5 +127,5 @@ def test_shard_keys_of_any_cut_walk_to_the_single_gpu_acceptance(cut):
                     for s, z in shards_of(vocab, tp, cut)
                 ])  # fmt: skip
                 acc = _buffers.new_acceptance(bs, tree.depth, device)
-                vp.walk_keys(tree, acc, every, state)
-                assert same(acc, want), (n, tp, sampling)
+                vp.walk_keys(walked, acc, every, state)
+                assert same(acc, want), (n, tp, sampling, walked is bad)

@@ -288,6 +288,7 @@ def accept_into(tree: Tree, target, acc: Acceptance, group, vocab_start, samplin
         params = sampling_params(tree.batch_size, temperature, top_k, top_p)
         seed = 0 if params is None else seed_of(generator)  # checks generator, then draws
         sig = [*t.shape[:2], DTYPES.index(t.dtype), checksum(tree.verify_ids)]
+        sig.append(int(t.device.type == "cuda"))  # the two paths run other collectives
         sig += [checksum(x) for x in params] if params is not None else [0, 0, 0]
         return (t, params, seed), sig
 
@@ -299,8 +300,11 @@ def accept_into(tree: Tree, target, acc: Acceptance, group, vocab_start, samplin
         temperature, top_k, top_p = params
         if bool((top_k > 0).any()) or bool((top_p < 1).any()):
             rows = whole_rows(t, group, vocab_start)
-            if rows.device.type == "cuda":
-                cuda_accept_into(tree, rows, acc, temperature, top_k, top_p, seed)
+            if rows.device.type == "cuda":  # the sampling state takes device tensors
+                on = rows.device
+                top_k = top_k.clamp(max=2**31 - 1)  # int32 there: a copy would wrap
+                cuda_accept_into(tree, rows, acc, temperature.to(on), top_k.to(on),
+                                 top_p.to(on), seed)  # fmt: skip
             else:
                 cpu_accept_into(tree, rows, acc, temperature, top_k, top_p, seed)
             return

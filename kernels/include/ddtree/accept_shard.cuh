@@ -10,9 +10,9 @@
 //   walk_keys:   after the caller gathers every rank's keys, one block per request walks
 //                the tree (walk_request) taking each visited node's posterior from the
 //                maximum over the ranks' keys.
-// A shard prunes the tokens that cannot beat its own maximum's draw (kContenderNats below
-// it); a token pruned on one shard cannot win on the whole row either, since the row's
-// maximum is at least the shard's. top_k / top_p need the whole row: the caller gathers
+// A shard prunes the tokens that cannot beat its own maximum's draw (`contender_from`,
+// exact wherever it prunes); a token pruned on one shard cannot win on the whole row
+// either, since the row's maximum is at least the shard's. top_k / top_p need the whole row: the caller gathers
 // rows for those requests instead (these kernels apply temperature alone).
 #pragma once
 #include "accept.cuh"
@@ -54,12 +54,12 @@ __device__ uint64_t shard_draw_key(const T* row, long long stride, int V, long l
                                    float temperature, uint64_t stream, uint64_t greedy,
                                    uint64_t* scratch) {
   const float inv_temp = 1.0f / temperature;
-  const float contender_from = key_value(greedy) - kContenderNats * temperature;
+  const float from = contender_from(key_value(greedy), temperature, inv_temp);
   float best_score = -INFINITY;
   int best_id = 0x7fffffff;
   for (int i = threadIdx.x; i < V; i += blockDim.x) {
     const float x = to_f32(row[i * stride]);
-    if (!(x >= contender_from)) continue;  // cannot win (and NaN)
+    if (!(x >= from)) continue;  // cannot win (and NaN)
     const int id = static_cast<int>(id0 + i);
     const float g = draw_score(x, inv_temp, stream, id);
     if (g > best_score || (g == best_score && id < best_id)) {
