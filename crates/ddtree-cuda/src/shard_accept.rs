@@ -117,11 +117,7 @@ pub unsafe fn shard_keys(
     p: &ShardKeyParams,
 ) -> Result<(), CudaError> {
     let (dev, _ctx) = enter_device(ordinal)?;
-    let f = dev.shard_keys[match dtype {
-        Dtype::F32 => 0,
-        Dtype::F16 => 1,
-        Dtype::Bf16 => 2,
-    }];
+    let f = dev.shard_keys[dtype.index()];
     let k = Kernel {
         call: "cuLaunchKernel(shard_keys)",
         f,
