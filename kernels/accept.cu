@@ -4,6 +4,7 @@
 // Dynamic shared memory: each block's row slice when `cache_slice` (for the sampling
 // passes), then the tree's links (3 * Q ints) when Q <= kLinkCap.
 #include "ddtree/accept.cuh"
+#include "ddtree/accept_shard.cuh"
 #include "ddtree/params.h"
 
 template <typename T>
@@ -50,4 +51,24 @@ extern "C" __global__ void ddtree_advance_rng(const __grid_constant__ ddtree::Ac
 // (include/ddtree/sample.cuh).
 extern "C" __global__ void ddtree_load_sampling(const __grid_constant__ ddtree::SamplingLoad a) {
   ddtree::load_sampling(a);
+}
+
+// Vocab-parallel accept (include/ddtree/accept_shard.cuh). Grid (bs * Q): a node row of
+// this rank's shard per block, its greedy and draw keys.
+#define DDTREE_SHARD_KEYS(NAME, T)                                                   \
+  extern "C" __global__ void __launch_bounds__(ddtree::kShardKeyThreads)             \
+      NAME(const __grid_constant__ ddtree::ShardKeyParams p) {                       \
+    ddtree::shard_keys<T>(p);                                                        \
+  }
+
+DDTREE_SHARD_KEYS(ddtree_shard_keys_f32, float)
+DDTREE_SHARD_KEYS(ddtree_shard_keys_f16, __half)
+DDTREE_SHARD_KEYS(ddtree_shard_keys_bf16, __nv_bfloat16)
+
+// Grid (bs): the walk of a request along the gathered keys; dynamic shared memory holds
+// the tree's links (3 * Q ints) when Q <= kLinkCap.
+extern "C" __global__ void __launch_bounds__(ddtree::kKeyWalkThreads)
+    ddtree_walk_keys(const __grid_constant__ ddtree::KeyWalkParams p) {
+  extern __shared__ int walk_links[];
+  ddtree::walk_keys(p, walk_links);
 }

@@ -51,6 +51,7 @@ def main() -> None:
     assert stepper.readback(wait=True)["bonus"].shape == (3,)
     out_of_range(dev)
     partials(dev, g)
+    shard_accept(dev, g)
     attention(dev)
     torch.cuda.synchronize()
     print("gpu_small: ok")
@@ -68,6 +69,25 @@ def partials(dev, g) -> None:
         shards = [x[:, :, :30].contiguous(), x[:, :, 30:].contiguous()]
         _partials.candidates(shards, 64, 4096)
         _partials.candidates([x], 900, 1024)  # 9 parts of 900: near the merge's room
+
+
+def shard_accept(dev, g) -> None:
+    """The vocab-parallel accept's kernels (`ddtree._vocab_parallel`): two shards' keys, one
+    a strided view, greedy and sampled, then the walk along them."""
+    from ddtree import _buffers, _sampling
+    from ddtree import _vocab_parallel as vp
+
+    x = torch.randn(2, 4, 1000, device=dev, generator=g)
+    tree = ddtree.build_tree(x, [1, 2], [3, 4], budget=15)
+    target = torch.randn(2, 16, 1000, device=dev, generator=g).bfloat16()
+    target[1, 2, 700] = float("nan")
+    for state in (None, _sampling.SamplingState(2, torch.device(dev), 7)):
+        if state is not None:
+            state.load(2, 0.8, None, None)
+        left = vp.shard_keys(target[:, :, :600], 0, 1000, state)
+        right = vp.shard_keys(target[:, :, 600:].contiguous(), 600, 1000, state)
+        every = torch.stack([left, right])
+        vp.walk_keys(tree, _buffers.new_acceptance(2, tree.depth, torch.device(dev)), every, state)
 
 
 def out_of_range(dev) -> None:

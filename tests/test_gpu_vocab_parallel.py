@@ -1,14 +1,17 @@
-"""Vocab-parallel build on CUDA tensors: each rank holds its slice of the vocabulary on a
-GPU, stage 1 runs as parts (`ddtree._partials`) whose arrays the ranks complete with a sum,
-and every rank's tree must equal the single-GPU `build_tree` on the whole rows, bit for bit.
+"""Vocab-parallel build and accept on CUDA tensors: each rank holds its slice of the
+vocabulary on a GPU. The build runs stage 1 as parts (`ddtree._partials`) whose arrays the
+ranks complete with a sum; the accept gathers every node's greedy and draw keys of each
+shard and walks along their maximum. Every rank's tree and acceptance must equal the
+single-GPU `build_tree` / `accept_tree` on the whole rows, bit for bit.
 
 With as many GPUs as ranks the ranks use NCCL, one GPU each (the two-GPU issue's run);
-with one GPU they share it through gloo. Marked `gpu`: skipped without CUDA. Written in
-session 17; passed on one H200 (2 and 3 ranks sharing it) in session 18.
+with one GPU they share it through gloo. Marked `gpu`: skipped without CUDA. The build's
+test ran on one H200 in session 18; the accept's was written then and has not yet run.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -16,12 +19,26 @@ import torch
 import torch.distributed as dist
 
 import ddtree
-from test_vocab_parallel import CASES, draft_case, same, shards_of, spawn_ranks
+from test_vocab_parallel import (
+    CASES,
+    SAMPLING,
+    draft_case,
+    same,
+    shards_of,
+    spawn_ranks,
+    target_case,
+)
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
+
+
+def on_device(sampling: dict, device) -> dict:
+    """The sampling arguments with their per-request tensors on `device` (the single-GPU
+    accept takes them there)."""
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in sampling.items()}
 
 
 def run_rank(rank: int, tp: int, init: str, out_dir: str) -> None:
@@ -45,6 +62,12 @@ def run_rank(rank: int, tp: int, init: str, out_dir: str) -> None:
                                      **kw)  # fmt: skip
             torch.cuda.synchronize(device)
             assert same(tree, whole), (n, case)
+            t = target_case(n, whole, vocab).to(dtype).to(device)
+            for sampling in SAMPLING(bs):
+                sampling = on_device(sampling, device)
+                acc = ddtree.accept_tree(whole, t[:, :, start : start + size],
+                                         group=dist.group.WORLD, **kw, **sampling)  # fmt: skip
+                assert same(acc, ddtree.accept_tree(whole, t, **sampling)), (n, case, sampling)
             checked += 1
     # A production-sized row: V = 151936 over the ranks, B = 255.
     x = draft_case(99, 2, 3, 151_936, torch.bfloat16).to(device)
@@ -64,3 +87,45 @@ def run_rank(rank: int, tp: int, init: str, out_dir: str) -> None:
 @pytest.mark.parametrize("tp", [2, 3])
 def test_every_rank_builds_the_single_gpu_tree(tp):
     assert spawn_ranks(run_rank, tp) == [str(2 * len(CASES) + 1)] * tp
+
+
+@pytest.mark.parametrize("cut", [0, 1])
+def test_shard_keys_of_any_cut_walk_to_the_single_gpu_acceptance(cut):
+    """One process, one GPU: the keys of every shard of a cut of the vocabulary (strided
+    views of the whole rows), stacked as the ranks gather them, walk to `accept_tree` on
+    the whole rows, greedy and sampled by temperature: ties across the cuts (a signed-zero
+    one too), an all -inf node row, a NaN, +inf in two shards, a one-token shard (cut 1),
+    a corrupt link, and a temperature so small that the scores overflow."""
+    from ddtree import _buffers, _sampling
+    from ddtree import _vocab_parallel as vp
+
+    device = torch.device("cuda", torch.cuda.current_device())  # == a tensor's device
+    for n, (bs, depth, vocab, budget, topk, dtype) in enumerate(CASES):
+        x = draft_case(n, bs, depth, vocab, dtype).to(device)
+        roots = (torch.arange(bs) * 7 % vocab).to(device)
+        prefix = (torch.arange(bs) * 5 + 3).to(device)
+        tree = ddtree.build_tree(x, roots, prefix, budget=budget, topk=topk)
+        t = target_case(n, tree, vocab).to(dtype).to(device)
+        half, q = vocab // 2, t.shape[1]
+        t[0, q - 1, :] = -1.0
+        t[0, q - 1, half - 1], t[0, q - 1, half] = -0.0, 0.0  # a signed-zero tie at a cut
+        t[bs - 1, q - 1, vocab - 1] = t[bs - 1, q - 1, 1] = float("inf")  # +inf, two shards
+        # A corrupt link (out of range) in the last request: its root-only result and code.
+        bad = dataclasses.replace(tree, first_child=tree.first_child.clone())
+        bad.first_child[bs - 1, 0] = 10**6
+        extreme = {"temperature": 1e-38, "generator": 4}  # scores overflow: no pruning
+        for tp, walked in ((1, tree), (2, tree), (3, tree), (2, bad)):
+            for sampling in SAMPLING(bs)[:3] + [extreme]:  # greedy, then temperature alone
+                sampling = on_device(sampling, device)
+                want = ddtree.accept_tree(walked, t, **sampling)
+                state = None
+                if sampling:
+                    state = _sampling.SamplingState(bs, device, sampling["generator"])
+                    state.load(bs, sampling["temperature"], None, None)
+                every = torch.stack([
+                    vp.shard_keys(t[:, :, s : s + z], s, vocab, state)
+                    for s, z in shards_of(vocab, tp, cut)
+                ])  # fmt: skip
+                acc = _buffers.new_acceptance(bs, tree.depth, device)
+                vp.walk_keys(walked, acc, every, state)
+                assert same(acc, want), (n, tp, sampling, walked is bad)

@@ -189,7 +189,7 @@ def test_every_rank_builds_and_accepts_what_the_single_process_call_does(tp):
     assert spawn_ranks(run_rank, tp) == [str(2 * len(CASES))] * tp
 
 
-def test_a_group_needs_cpu_tensors_and_vocab_start_needs_a_group():
+def test_a_group_needs_cpu_or_cuda_tensors_and_vocab_start_needs_a_group():
     with pytest.raises(ValueError, match="vocab_start"):
         ddtree.Stepper(device="cpu", vocab_start=0)
     x = torch.zeros(1, 2, 8)
@@ -201,4 +201,4 @@ def test_a_group_needs_cpu_tensors_and_vocab_start_needs_a_group():
     from ddtree import _vocab_parallel
 
     with pytest.raises(ValueError, match="draft_logits: a vocab-parallel call"):
-        _vocab_parallel.check_cpu(torch.empty(0, device="meta"), "draft_logits")
+        _vocab_parallel.check_device(torch.empty(0, device="meta"), "draft_logits")

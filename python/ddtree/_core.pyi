@@ -151,6 +151,26 @@ def cuda_accept(
     acc: Acceptance,
     sampling: SamplingState | None = None,
 ) -> None: ...
+def cuda_shard_keys(
+    device: int,
+    stream: int,
+    shard: Tensor,
+    vocab_start: int,
+    vocab: int,
+    greedy: Tensor,
+    sampled: Tensor,
+    sampling: SamplingState | None = None,
+) -> None: ...
+def cuda_walk_keys(
+    device: int,
+    stream: int,
+    tp: int,
+    greedy: Tensor,
+    sampled: Tensor,
+    tree: Tree,
+    acc: Acceptance,
+    temperature: Tensor | None = None,
+) -> None: ...
 def cuda_kept_slots(
     device: int,
     stream: int,

@@ -11,18 +11,19 @@ shard.rs`). The accept gathers each node's best value and token per shard (12 by
 
 Supported here: CPU tensors (the gloo backend); greedy and temperature sampling on the shards
 (Gumbel-max keyed on the global token id, as the single-process CPU sampler draws), top-k /
-top-p by gathering the whole rows. CUDA tensors (NCCL, or gloo): the build only
+top-p by gathering the whole rows. CUDA tensors (NCCL, or gloo): the build
 (`build_into_cuda`, stage 1 as `ddtree._partials` parts; run on one H200 in session 18,
-ranks sharing it); an accept with a group refuses them. Every call first gathers each
-rank's argument checks (`agree`): a rank that refuses its arguments makes every rank raise,
-rather than leaving the others waiting in a collective.
+ranks sharing it) and the accept (`accept_keys_cuda`: a greedy and a draw key per node and
+rank, 16 bytes, the walk on the GPU; written in session 18, not yet run on a GPU). Every
+call first gathers each rank's argument checks (`agree`): a rank that refuses its arguments
+makes every rank raise, rather than leaving the others waiting in a collective.
 """
 
 from __future__ import annotations
 
 import torch
 
-from . import _buffers, _core, _cpu, _cuda
+from . import _buffers, _core, _cpu, _cuda, _sampling
 from ._types import Acceptance, Tree
 
 INT64_MAX = 2**63 - 1
@@ -121,19 +122,9 @@ def no_vocab_start(group, vocab_start) -> None:
         raise ValueError("vocab_start: only meaningful with group=")
 
 
-def check_build_device(x: torch.Tensor) -> None:
+def check_device(x: torch.Tensor, name: str) -> None:
     if x.device.type not in ("cpu", "cuda"):
-        raise ValueError(
-            f"draft_logits: a vocab-parallel build takes CPU or CUDA tensors; got {x.device}"
-        )
-
-
-def check_cpu(x: torch.Tensor, name: str) -> None:
-    if x.device.type != "cpu":
-        raise ValueError(
-            f"{name}: a vocab-parallel call (group=) takes CPU tensors (gloo) for now; "
-            f"got {x.device}"
-        )
+        raise ValueError(f"{name}: a vocab-parallel call takes CPU or CUDA tensors; got {x.device}")
 
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -147,7 +138,7 @@ def build_tree(args: tuple, group, vocab_start, into=None) -> Tree:
 
     def check():
         x, roots, prefix, budget, topk = checked = check_build(*args, whole_vocab=False)
-        check_build_device(x)
+        check_device(x, "draft_logits")
         sig = [*x.shape[:2], budget, topk or 0, DTYPES.index(x.dtype), checksum(roots),
                checksum(prefix), x.device.type == "cuda"]  # fmt: skip
         return checked, sig
@@ -273,10 +264,10 @@ def whole_rows(t: torch.Tensor, group, vocab_start) -> torch.Tensor:
     filters need them): shards padded to the largest, gathered, put back in vocabulary
     order."""
     starts, sizes = shards(t.shape[2], group, vocab_start)
-    padded = torch.zeros(*t.shape[:2], int(sizes.max()), dtype=t.dtype)
+    padded = torch.zeros(*t.shape[:2], int(sizes.max()), dtype=t.dtype, device=t.device)
     padded[:, :, : t.shape[2]] = t
     parts = gather(padded, group)
-    out = torch.empty(*t.shape[:2], int((starts + sizes).max()), dtype=t.dtype)
+    out = torch.empty(*t.shape[:2], int((starts + sizes).max()), dtype=t.dtype, device=t.device)
     for r, (s, n) in enumerate(zip(starts.tolist(), sizes.tolist(), strict=True)):
         out[:, :, s : s + n] = parts[r, :, :, :n]
     return out
@@ -287,16 +278,17 @@ def accept_into(tree: Tree, target, acc: Acceptance, group, vocab_start, samplin
     top_k, top_p, generator) of `ddtree.accept_tree`. The seed is group rank 0's, so the
     ranks draw alike. A request with top_k or top_p makes every rank gather the whole rows
     and sample them as one process would."""
-    from ._api import check_target, cpu_accept_into, sampling_params, seed_of
+    from ._api import check_target, cpu_accept_into, cuda_accept_into, sampling_params, seed_of
 
     temperature, top_k, top_p, generator = sampling
 
     def check():
         t = check_target(tree, target, whole_vocab=False)
-        check_cpu(t, "target_logits")
+        check_device(t, "target_logits")
         params = sampling_params(tree.batch_size, temperature, top_k, top_p)
         seed = 0 if params is None else seed_of(generator)  # checks generator, then draws
         sig = [*t.shape[:2], DTYPES.index(t.dtype), checksum(tree.verify_ids)]
+        sig.append(int(t.device.type == "cuda"))  # the two paths run other collectives
         sig += [checksum(x) for x in params] if params is not None else [0, 0, 0]
         return (t, params, seed), sig
 
@@ -308,6 +300,46 @@ def accept_into(tree: Tree, target, acc: Acceptance, group, vocab_start, samplin
         temperature, top_k, top_p = params
         if bool((top_k > 0).any()) or bool((top_p < 1).any()):
             rows = whole_rows(t, group, vocab_start)
-            cpu_accept_into(tree, rows, acc, temperature, top_k, top_p, seed)
+            if rows.device.type == "cuda":  # the sampling state takes device tensors
+                on = rows.device
+                top_k = top_k.clamp(max=2**31 - 1)  # int32 there: a copy would wrap
+                cuda_accept_into(tree, rows, acc, temperature.to(on), top_k.to(on),
+                                 top_p.to(on), seed)  # fmt: skip
+            else:
+                cpu_accept_into(tree, rows, acc, temperature, top_k, top_p, seed)
             return
+    if t.device.type == "cuda":
+        accept_keys_cuda(tree, t, acc, group, vocab_start, None if params is None else temperature,
+                         seed)  # fmt: skip
+        return
     _cpu.accept_tokens_into(tree, posterior(t, group, vocab_start, temperature, seed), acc)
+
+
+def accept_keys_cuda(tree: Tree, t, acc: Acceptance, group, vocab_start, temperature, seed):
+    """The accept on CUDA shards: each node's greedy and draw keys over this rank's tokens
+    (`shard_keys`), every rank's keys gathered (16 bytes a node), and the walk along their
+    maximum (`walk_keys`): the single-GPU walk's tokens, bit for bit. `temperature` [bs]
+    (float64, host) or None for greedy; `seed` rank 0's."""
+    start, vocab = layout(t.shape[2], group, vocab_start)
+    state = None
+    if temperature is not None:
+        state = _sampling.SamplingState(tree.batch_size, t.device, seed)
+        state.load(tree.batch_size, temperature.to(t.device), None, None)
+    walk_keys(tree, acc, gather(shard_keys(t, start, vocab, state), group), state)
+
+
+def shard_keys(t: torch.Tensor, start: int, vocab: int, state) -> torch.Tensor:
+    """This shard's keys ``[2, bs, Q]`` (int64 holding uint64): each node's greedy key,
+    then its draw key (0 for a greedy request or with no contender); `state` a
+    ``SamplingState`` (temperature alone is read) or None for greedy."""
+    keys = torch.empty(2, *t.shape[:2], dtype=torch.int64, device=t.device)
+    _core.cuda_shard_keys(*_cuda.launch_on(t.device), t, start, vocab, keys[0], keys[1], state)
+    return keys
+
+
+def walk_keys(tree: Tree, acc: Acceptance, every: torch.Tensor, state) -> None:
+    """The walk along every rank's keys ``[tp, 2, bs, Q]`` into `acc`."""
+    greedy, sampled = every[:, 0].contiguous(), every[:, 1].contiguous()
+    temps = None if state is None else state.temperature
+    _core.cuda_walk_keys(*_cuda.launch_on(tree.device), every.shape[0], greedy, sampled, tree,
+                         acc, temps)  # fmt: skip

@@ -59,6 +59,10 @@ pub struct Device {
     /// Stage 4, per target dtype (f32, f16, bf16), and the generator's advance.
     pub accept: [CUfunction; 3],
     pub advance_rng: CUfunction,
+    /// Stage 4 over a vocabulary shard: the keys per target dtype (f32, f16, bf16), and
+    /// the walk along every rank's keys.
+    pub shard_keys: [CUfunction; 3],
+    pub walk_keys: CUfunction,
     /// Scalar sampling parameters and the seed, one launch (`SamplingLoad`).
     pub load_sampling: CUfunction,
     /// Stage 5.
@@ -212,6 +216,12 @@ impl Device {
             full_mask: f(emit, "ddtree_full_mask")?,
             accept: accept_fns,
             advance_rng: f(accept, "ddtree_advance_rng")?,
+            shard_keys: [
+                f(accept, "ddtree_shard_keys_f32")?,
+                f(accept, "ddtree_shard_keys_f16")?,
+                f(accept, "ddtree_shard_keys_bf16")?,
+            ],
+            walk_keys: f(accept, "ddtree_walk_keys")?,
             load_sampling: f(accept, "ddtree_load_sampling")?,
             kept_slots: f(commit, "ddtree_kept_slots")?,
             readback: f(commit, "ddtree_readback")?,

@@ -17,6 +17,7 @@ pub mod launch;
 pub mod params;
 pub mod partials;
 pub mod readback;
+pub mod shard_accept;
 
 pub use accept::{accept_tree, AcceptPtrs, Sampling, WalkTree};
 pub use commit::{compact_kv, gather_hidden, kept_slots, CommitPath};

@@ -71,6 +71,42 @@ pub struct AcceptParams {
     pub cache_slice: i32,
 }
 
+/// SPEC stage 4 over a vocabulary shard: each node's greedy and draw keys of this rank's
+/// tokens (`accept_shard.cuh`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ShardKeyParams {
+    pub logits: u64,
+    pub s0: i64,
+    pub s1: i64,
+    pub s2: i64,
+    /// temperature and rng are read; all null (0) for a greedy batch.
+    pub sampling: Sampling,
+    pub greedy: u64,
+    pub sampled: u64,
+    pub id0: i64,
+    pub v: i32,
+    pub q: i32,
+    pub bs: i32,
+    pub reserved: i32,
+}
+
+/// The walk along the keys every rank gathered (`[tp, bs, Q]` each).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KeyWalkParams {
+    pub greedy: u64,
+    pub sampled: u64,
+    /// float32 `[bs]`, or 0 for a greedy batch.
+    pub temperature: u64,
+    pub tree: WalkTree,
+    pub out: AcceptPtrs,
+    pub tp: i32,
+    pub q: i32,
+    pub path_len: i32,
+    pub bs: i32,
+}
+
 /// A per-request parameter's element type in a `ParamSource` (`ParamDtype` in C++).
 #[repr(i32)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -251,6 +287,16 @@ mod tests {
                 "{cpp}: Rust has {rust}"
             );
         }
+    }
+
+    #[test]
+    fn shard_accept_params_match_the_header() {
+        layout!(ShardKeyParams, size 104, s0 8, sampling 32, greedy 64, sampled 72, id0 80,
+                q 92, bs 96);
+        assert_eq!(offset_of!(ShardKeyParams, v), 88);
+        assert!(HEADER.contains("offsetof(ShardKeyParams, V) == 88"));
+        layout!(KeyWalkParams, size 112, temperature 16, tree 24, out 48, tp 96, q 100,
+                path_len 104, bs 108);
     }
 
     #[test]

@@ -122,6 +122,10 @@ impl Links {
         self.shape.0
     }
 
+    pub fn q(&self) -> usize {
+        self.shape.1
+    }
+
     /// # Safety
     /// The pointers must address live int64 `[bs, Q]` tensors.
     pub unsafe fn batch(&self) -> BatchLinks<'static> {

@@ -30,6 +30,75 @@ pub fn cuda_accept(
     .map_err(errors::cuda_to_py)
 }
 
+/// SPEC stage 4 over this rank's vocabulary shard `[bs, Q, V_r]` (token 0 = global id
+/// `vocab_start`, of `vocab` in all): every node's greedy and draw keys into the uint64
+/// (int64) `[bs, Q]` tensors `greedy` and `sampled`. Never synchronizes.
+#[pyfunction]
+#[pyo3(signature = (device, stream, shard, vocab_start, vocab, greedy, sampled, sampling=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn cuda_shard_keys(
+    py: Python<'_>,
+    device: usize,
+    stream: usize,
+    #[pyo3(from_py_with = tensor_arg)] shard: TensorArg,
+    vocab_start: usize,
+    vocab: usize,
+    #[pyo3(from_py_with = data_ptr)] greedy: usize,
+    #[pyo3(from_py_with = data_ptr)] sampled: usize,
+    sampling: Option<SamplingOut>,
+) -> PyResult<()> {
+    use ddtree_cuda::shard_accept::{shard_key_params, shard_keys, ShardKeys};
+    let shard = logits_of(&shard, "target_logits")?;
+    let keys = ShardKeys {
+        greedy: greedy as u64,
+        sampled: sampled as u64,
+    };
+    let p = shard_key_params(shard, vocab_start, vocab, keys, sampling.map(|s| s.ptrs()))
+        .map_err(errors::cuda_to_py)?;
+    // SAFETY: the Python layer passes live CUDA tensors of the checked shapes.
+    py.detach(|| unsafe { shard_keys(device, stream as u64, shard.dtype, &p) })
+        .map_err(errors::cuda_to_py)
+}
+
+/// SPEC stage 4's walk along `tp` ranks' gathered keys (int64 `[tp, bs, Q]` each) into
+/// `acc`; `temperature` the sampling state's float32 `[bs]`, or None for a greedy batch.
+/// Never synchronizes.
+#[pyfunction]
+#[pyo3(signature = (device, stream, tp, greedy, sampled, tree, acc, temperature=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn cuda_walk_keys(
+    py: Python<'_>,
+    device: usize,
+    stream: usize,
+    tp: usize,
+    #[pyo3(from_py_with = data_ptr)] greedy: usize,
+    #[pyo3(from_py_with = data_ptr)] sampled: usize,
+    tree: Links,
+    acc: AccOut,
+    temperature: Option<Bound<'_, PyAny>>,
+) -> PyResult<()> {
+    use ddtree_cuda::shard_accept::{key_walk_params, walk_keys, ShardKeys};
+    let temperature = temperature.map(|t| data_ptr(&t)).transpose()?;
+    let gathered = ShardKeys {
+        greedy: greedy as u64,
+        sampled: sampled as u64,
+    };
+    let shape = [tree.bs(), tree.q()];
+    let p = key_walk_params(
+        tp,
+        shape,
+        acc.path_len(),
+        gathered,
+        temperature.map(|t| t as u64),
+        tree.walk(),
+        acc.ptrs(),
+    )
+    .map_err(errors::cuda_to_py)?;
+    // SAFETY: the Python layer passes live CUDA tensors of the checked shapes.
+    py.detach(|| unsafe { walk_keys(device, stream as u64, &p) })
+        .map_err(errors::cuda_to_py)
+}
+
 /// SPEC stage 5: kept slots `[bs, L+1]` and the release mask `[bs, Q]` on the GPU.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]

@@ -273,6 +273,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cuda::cuda_images, m)?)?;
     m.add_function(wrap_pyfunction!(cuda::cuda_prepare, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_round::cuda_accept, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_round::cuda_shard_keys, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_round::cuda_walk_keys, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_round::cuda_kept_slots, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_round::cuda_compact_kv, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_round::cuda_gather_hidden, m)?)?;

@@ -88,50 +88,29 @@ __device__ void write_root_only(const Links& links, AcceptOut out, int b, int pa
   }
 }
 
-// The walk (SPEC stage 4) for request b, run by each block of its cluster; `rank` 0 writes
-// the outputs. `cache` (dynamic shared memory, or null) holds this block's row slice;
-// `local_links` has room for 3 * Q ints when Q <= kLinkCap.
-template <typename T>
-__device__ void accept_request(const T* logits, long long s1, long long s2, int V, int q,
-                               int path_len, int b, int rank, AcceptTree tree, AcceptOut out,
-                               const Sampling* sampling, T* cache, int* local_links,
-                               AcceptScratch& s) {
-  const float temperature = sampling ? sampling->temperature[b] : 0.0f;
-  const int top_k = sampling ? sampling->top_k[b] : 0;
-  const float top_p = sampling ? sampling->top_p[b] : 1.0f;
-  uint64_t stream = 0;
-  if (sampling) stream = splitmix(splitmix(sampling->rng[0]) ^ sampling->rng[1]);
-  const Links links = load_links(local_links, tree, q);
-  Cluster cl{s, 0};
-  const int lo = min(V, rank * accept_slice_len(V)), hi = min(V, lo + accept_slice_len(V));
-  // The posterior token of `node` (a draw is keyed by (stream, request, node), so asking
-  // again for the same node gives the same token).
-  auto posterior = [&](int node) {
-    Slice<T> slice{logits + node * s1, s2, lo, hi, cache, false};
-    if (temperature > 0.0f) {
-      const uint64_t at = splitmix(stream ^ (static_cast<uint64_t>(b) << 32 | node));
-      return sample_row(slice, temperature, top_k, top_p, V, at, cl);
-    }
-    return argmax_token(row_argmax_key(Slice<T>{slice.row, s2, lo, hi, nullptr, false}, cl));
-  };
-  // Corrupt links (every block checked every link, so the whole cluster agrees) or a sibling
-  // cycle met on the walk give the root-only result: the walk restarts at the root once
-  // to draw its posterior again (the same token), with one call site for the costly part.
+// The walk of request b along `posterior(node)` (every thread of the block calls it, in
+// the same order; the walk's cluster or a lone block), written by the `leader` block:
+// corrupt links (every thread checked every link, so all agree) or a sibling cycle met on
+// the walk give the root-only result, the walk restarting at the root once to draw its
+// posterior again (the same token), with one call site for the costly part.
+template <typename Posterior>
+__device__ void walk_request(const Links& links, AcceptOut out, int b, int path_len,
+                             bool leader, Posterior posterior, AcceptScratch& s) {
   bool corrupt = links.bad;
   int node = 0, len = 0;
   while (true) {
     const int token = posterior(node);
     if (corrupt) {
-      if (rank == 0) write_root_only(links, out, b, path_len, token);
+      if (leader) write_root_only(links, out, b, path_len, token);
       break;
     }
     if (threadIdx.x == 0) {
       const int next = len + 1 < path_len ? links.child_with(node, token) : -1;
       s.next = next;
-      if (rank == 0 && next != Links::kCycle) {
+      if (leader && next != Links::kCycle) {
         out.accepted_nodes[len] = node;
         out.accepted_tokens[len] = links.token(node);
-        out.accept_index[len] = static_cast<long long>(b) * q + node;
+        out.accept_index[len] = static_cast<long long>(b) * links.q + node;
         if (next < 0) {
           *out.accept_len = len + 1;
           *out.bonus = token;
@@ -150,7 +129,7 @@ __device__ void accept_request(const T* logits, long long s1, long long s2, int 
     if (next < 0) break;
     node = next;
   }
-  if (rank == 0 && !corrupt) {
+  if (leader && !corrupt) {
     for (int i = len + threadIdx.x; i < path_len; i += blockDim.x) {
       out.accepted_nodes[i] = -1;
       out.accepted_tokens[i] = -1;
@@ -158,6 +137,33 @@ __device__ void accept_request(const T* logits, long long s1, long long s2, int 
     }
     if (threadIdx.x == 0) *out.status = kStatusOk;
   }
+}
+
+// The walk (SPEC stage 4) for request b, run by each block of its cluster; `rank` 0 writes
+// the outputs. `cache` (dynamic shared memory, or null) holds this block's row slice;
+// `local_links` has room for 3 * Q ints when Q <= kLinkCap.
+template <typename T>
+__device__ void accept_request(const T* logits, long long s1, long long s2, int V, int q,
+                               int path_len, int b, int rank, AcceptTree tree, AcceptOut out,
+                               const Sampling* sampling, T* cache, int* local_links,
+                               AcceptScratch& s) {
+  const float temperature = sampling ? sampling->temperature[b] : 0.0f;
+  const int top_k = sampling ? sampling->top_k[b] : 0;
+  const float top_p = sampling ? sampling->top_p[b] : 1.0f;
+  const uint64_t stream = sampling ? call_stream(sampling->rng) : 0;
+  const Links links = load_links(local_links, tree, q);
+  Cluster cl{s, 0};
+  const int lo = min(V, rank * accept_slice_len(V)), hi = min(V, lo + accept_slice_len(V));
+  // The posterior token of `node` (a draw is keyed by (stream, request, node), so asking
+  // again for the same node gives the same token).
+  auto posterior = [&](int node) {
+    Slice<T> slice{logits + node * s1, s2, lo, hi, cache, false};
+    if (temperature > 0.0f) {
+      return sample_row(slice, temperature, top_k, top_p, V, node_stream(stream, b, node), cl);
+    }
+    return argmax_token(row_argmax_key(Slice<T>{slice.row, s2, lo, hi, nullptr, false}, cl));
+  };
+  walk_request(links, out, b, path_len, rank == 0, posterior, s);
   cg::this_cluster().sync();  // no block leaves while another may read its shared memory
 }
 

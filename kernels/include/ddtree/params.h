@@ -155,6 +155,39 @@ static_assert(sizeof(AcceptParams) == 152 && offsetof(AcceptParams, logits) == 0
               offsetof(AcceptParams, cache_slice) == 148,
               "AcceptParams layout");
 
+// SPEC stage 4 over a vocabulary shard (accept_shard.cuh, entry points in accept.cu):
+// every node's posterior as order keys over this rank's tokens, which the ranks gather.
+struct ShardKeyParams {
+  const void* logits;  // this rank's shard [bs, Q, V_r], strides s0, s1, s2 (elements)
+  long long s0, s1, s2;
+  Sampling sampling;            // temperature and rng read (null temperature: greedy batch)
+  unsigned long long* greedy;   // [bs, Q]: the shard's argmax key, 0 if none
+  unsigned long long* sampled;  // [bs, Q]: the shard's best draw key, 0 if none or greedy
+  long long id0;                // global id of the shard's token 0
+  int V, q, bs, reserved;       // V: the shard's tokens
+};
+static_assert(sizeof(ShardKeyParams) == 104 && offsetof(ShardKeyParams, s0) == 8 &&
+              offsetof(ShardKeyParams, sampling) == 32 && offsetof(ShardKeyParams, greedy) == 64 &&
+              offsetof(ShardKeyParams, sampled) == 72 && offsetof(ShardKeyParams, id0) == 80 &&
+              offsetof(ShardKeyParams, V) == 88 && offsetof(ShardKeyParams, q) == 92 &&
+              offsetof(ShardKeyParams, bs) == 96,
+              "ShardKeyParams layout");
+
+// The walk along every rank's keys ([tp, bs, Q] each, gathered in rank order).
+struct KeyWalkParams {
+  const unsigned long long* greedy;
+  const unsigned long long* sampled;
+  const float* temperature;  // [bs], or null: a greedy batch
+  WalkTree tree;
+  AcceptPtrs out;
+  int tp, q, path_len, bs;
+};
+static_assert(sizeof(KeyWalkParams) == 112 && offsetof(KeyWalkParams, temperature) == 16 &&
+              offsetof(KeyWalkParams, tree) == 24 && offsetof(KeyWalkParams, out) == 48 &&
+              offsetof(KeyWalkParams, tp) == 96 && offsetof(KeyWalkParams, q) == 100 &&
+              offsetof(KeyWalkParams, path_len) == 104 && offsetof(KeyWalkParams, bs) == 108,
+              "KeyWalkParams layout");
+
 // Where a SamplingLoad takes one per-request parameter from: a scalar for every request
 // (ptr null), or element i * stride of a [bs] device tensor of dtype `dtype`, converted as
 // torch's copy_ would (top_k clamped to the int32 range, where a copy would wrap).

@@ -201,6 +201,33 @@ __device__ __forceinline__ float gumbel(uint64_t stream, int id) {
   return -logf(-logf(u));
 }
 
+// The draw stream of a call (the generator's seed and offset, `rng`), then of one node of
+// request b: every block that draws for (b, node) — the walk's cluster, or a
+// vocabulary shard's block (accept_shard.cuh) — starts from the same counter.
+__device__ __forceinline__ uint64_t call_stream(const long long* rng) {
+  return splitmix(splitmix(rng[0]) ^ rng[1]);
+}
+__device__ __forceinline__ uint64_t node_stream(uint64_t call, int b, int node) {
+  return splitmix(call ^ (static_cast<uint64_t>(b) << 32 | node));
+}
+
+// The smallest value that can still win a draw from a row (or a vocabulary shard) whose
+// maximum is m: kContenderNats below it, or -inf (no pruning) where rounding could let a
+// pruned token tie the winner: scores m / T that overflow or pass 2^20 in magnitude (an ulp
+// of 1/8 or more). So pruning is exact wherever it applies, and pruning a shard against its
+// own maximum draws what pruning the whole row does. Two roundings, written out: the walk
+// and the shards must compute it bit for bit alike.
+__device__ __forceinline__ float contender_from(float m, float temperature, float inv_temp) {
+  if (!(fabsf(m * inv_temp) < 1048576.0f)) return -INFINITY;
+  return __fsub_rn(m, __fmul_rn(kContenderNats, temperature));
+}
+
+// Token `id`'s Gumbel-max score x / T + G (one rounding: fused): the walk and the shards
+// must compute it bit for bit alike, so both call this.
+__device__ __forceinline__ float draw_score(float x, float inv_temp, uint64_t stream, int id) {
+  return __fmaf_rn(x, inv_temp, gumbel(stream, id));
+}
+
 // One draw from the filtered target distribution of the row.
 template <typename T>
 __device__ int sample_row(Slice<T>& slice, float temperature, int top_k, float top_p, int V,
@@ -219,13 +246,13 @@ __device__ int sample_row(Slice<T>& slice, float temperature, int top_k, float t
   // Gumbel-max over the kept tokens: an exact draw from their renormalised softmax(x / T).
   float best_score = -INFINITY;
   int best_id = key_id(best);
-  const float contender_from = m - kContenderNats * temperature;
+  const float from = contender_from(m, temperature, sc.inv_temp);
   slice.for_each([&](int i, float x) {
-    if (!(x >= contender_from)) return;  // cannot win (and NaN)
+    if (!(x >= from)) return;  // cannot win (and NaN)
     const int b = sc.bin(x);
     const uint64_t k = order_key(x, i);
     if (!by_k.keeps(b, k) || !by_p.keeps(b, k)) return;
-    const float g = x * sc.inv_temp + gumbel(stream, i);
+    const float g = draw_score(x, sc.inv_temp, stream, i);
     if (g > best_score || (g == best_score && i < best_id)) {
       best_score = g;
       best_id = i;
