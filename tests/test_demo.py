@@ -94,6 +94,29 @@ class HiddenReader(decode.EarlyExitDrafter):
         self.seen.append((hidden.clone(), accept_len.clone()))
 
 
+def test_repeats_keep_each_decoders_fastest_pass(monkeypatch):
+    """--repeats N runs N passes over the decoders (not N decodes of one decoder in a row)
+    and keeps each row's fastest decode."""
+    times = {("greedy", None): [3.0, 2.0], ("ddtree", 3): [1.0, 4.0]}
+    order = []
+
+    class Fake:
+        def __init__(self, name, budget):
+            self.key = (name, budget)
+
+        def decode(self, prompts):
+            order.append(self.key)
+            return decode.Result([[1]], times[self.key][order.count(self.key) - 1])
+
+    monkeypatch.setattr(cli, "new_engine", lambda *a: None)
+    monkeypatch.setattr(cli, "make_decoder", lambda e, name, b, bs, a: Fake(name, b))
+    a = demo_args(["--decoders", "greedy,ddtree", "--budget", "3", "--repeats", "2"])
+    rows = cli.decode_all(None, [[0]], a, torch.device("cpu"))
+    assert order == [("greedy", None), ("ddtree", 3)] * 2
+    assert [r["result"].seconds for r in rows] == [2.0, 1.0]
+    assert demo_args().repeats == 2  # the CPU default
+
+
 @needs_model
 @pytest.mark.parametrize("name", ["ddtree", "cpu-build"])
 def test_a_drafter_gets_the_accepted_rows_hidden_states(name):
@@ -225,6 +248,7 @@ def test_a_first_token_that_ends_the_turn_finishes_at_the_start():
         (["--held-out", "199"], "--held-out"),
         (["--held-out", "2", "--bs", "2"], "--held-out"),
         (["--temperature", "-1"], "--temperature"),
+        (["--repeats", "0"], "--repeats"),
         (["--drafter", "early-exit", "--draft-weights", "x.pt"], "--draft-weights"),
         (["--draft-weights", "x.pt"], "--draft-weights"),
         (["--drafter", "dflash", "--draft-weights", "/nonexistent.pt"], "--draft-weights"),
