@@ -9,7 +9,8 @@
 # "host" times the host side of each Stepper call; "tp" the vocab-parallel build on CUDA
 # (tests; with two GPUs, `bench --vocab-parallel --device cuda`); "parts" breaks one attention shape's
 # call into its kernels and gaps (PARTS_ARGS: family bs N prefixes); "hunt" adds issue
-# 12's long top-k tie search, HUNT_SECONDS long; "sglang" runs ddtree against SGLang 0.5.23's
+# 12's long top-k tie search, HUNT_SECONDS long; "ncu-build" runs Nsight Compute on one
+# build (and accept) of each NCU_SHAPES entry (tests/gpu_build_one.py); "sglang" runs ddtree against SGLang 0.5.23's
 # kernels and its stage-by-stage benchmark, SGLANG_ARGS, with tests/.sglang-0.5.23 carried);
 # PYTEST_K (a -k expression), BENCH_ARGS, LOOP_ARGS and ATTN_ARGS narrow the tests and
 # benchmarks; WHEELS names the folder the wheel comes from (default wheels/; another, such
@@ -90,6 +91,27 @@ for step in $STEPS; do
         limit python3 tests/gpu_sglang_bench.py ${SGLANG_ARGS:-} --json "$OUT/sglang-bench.json" \
             >"$OUT/sglang-bench.txt" 2>&1 || status=1
         cat "$OUT/sglang-bench.txt" ;;
+    ncu-build)
+        # Where a build's (and an accept's) time goes: Nsight Compute on one call of each
+        # NCU_SHAPES entry BS:B[:greedy|sampled], its sections and its hottest SASS lines.
+        for shape in ${NCU_SHAPES:-64:255 1:63 64:255:sampled}; do
+            IFS=: read -r bs budget acc <<< "$shape"
+            rep=/tmp/ncu-$bs-$budget-${acc:-build}
+            limit ncu --clock-control none --profile-from-start off -f -o "$rep" \
+                --section SpeedOfLight --section Occupancy --section LaunchStats \
+                --section WarpStateStats --section MemoryWorkloadAnalysis \
+                --section ComputeWorkloadAnalysis --section InstructionStats \
+                --section SourceCounters python3 tests/gpu_build_one.py "$bs" "$budget" $acc \
+                >/tmp/ncu-run.log 2>&1 || { tail -20 /tmp/ncu-run.log; status=1; }
+            ncu --import "$rep.ncu-rep" >"$OUT/ncu-$bs-$budget-${acc:-build}.txt" 2>&1 || status=1
+            ncu --import "$rep.ncu-rep" --page source --csv --print-source sass \
+                >"$rep-sass.csv" 2>/dev/null || status=1
+            python3 tests/ncu_hot_lines.py "$rep-sass.csv" >>"$OUT/ncu-$bs-$budget-${acc:-build}.txt" \
+                2>&1 || status=1
+        done
+        (cd /tmp && tar -czf "$OUT/ncu-sass.tgz" ncu-*-sass.csv) || status=1
+        grep -h "Duration\|^  [a-z_]*ddtree\|Memory Throughput\|Compute (SM) Throughput" \
+            "$OUT"/ncu-*.txt | head -60 ;;
     attention-portable)
         limit env DDTREE_ATTENTION=portable python3 -m ddtree bench --attention ${ATTN_ARGS:-} \
             >"$OUT/bench-attention-portable.txt" 2>&1 || status=1

@@ -1,0 +1,40 @@
+"""One tree build (and optionally one accept) of a benchmark shape, after three warm-ups,
+for Nsight Compute: python3 tests/gpu_build_one.py BS BUDGET [greedy|sampled], e.g.
+``ncu --clock-control none --profile-from-start off python3 tests/gpu_build_one.py 64 255``
+(tests/gpu_run.sh, step ncu-build).
+The logits are `bench_gpu.peaked_logits` (L = 15, V = 151,936, bf16), as in
+`python -m ddtree bench --device cuda`."""
+
+import sys
+
+import torch
+
+import ddtree
+from ddtree.bench_gpu import peaked_logits
+
+DEPTH, VOCAB = 15, 151_936
+
+
+def main() -> None:
+    bs, budget = int(sys.argv[1]), int(sys.argv[2])
+    accept = sys.argv[3] if len(sys.argv) > 3 else None
+    dev = torch.device("cuda")
+    x = peaked_logits(bs, DEPTH, VOCAB, 0, dev)
+    roots = torch.randint(0, VOCAB, (bs,), device=dev)
+    prefix = torch.randint(0, 4000, (bs,), device=dev)
+    target = peaked_logits(bs, budget + 1, VOCAB, 1, dev) if accept else None
+    kw = {"temperature": 1.0, "top_p": 0.9} if accept == "sampled" else {}
+    for i in range(4):  # three warm-ups, then the profiled call (ncu --profile-from-start off)
+        if i == 3:
+            torch.cuda.synchronize()
+            torch.cuda.profiler.start()
+        tree = ddtree.build_tree(x, roots, prefix, budget=budget)
+        if accept:
+            ddtree.accept_tree(tree, target, **kw)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+    print("nodes", tree.num_nodes.float().mean().item())
+
+
+if __name__ == "__main__":
+    main()
