@@ -127,13 +127,31 @@ pub const SUM_UNIT: f64 = (1u128 << 80) as f64;
 /// rejected anyway, and a shard's sums run before the ranks know that.
 pub fn exp_sum<T: Element>(row: Row<'_, T>, max: f32) -> i128 {
     let m = max as f64;
-    let mut sum = 0i128;
+    let mut sum = 0u128; // at most V * 2^80 < 2^127
     row.for_each(|_, x| {
         if x.is_finite() {
-            sum += ((x as f64 - m).exp() * SUM_UNIT).round() as i128;
+            sum += fixed_units((x as f64 - m).exp() * SUM_UNIT);
         }
     });
-    sum
+    sum as i128
+}
+
+/// `v.round()` as an integer, for `0 <= v < 2^81` (a term in units of `SUM_UNIT`^-1),
+/// without the two library calls `round` and the float-to-i128 conversion take: from
+/// 2^53 up `v` is an integer, read off its bits; below, truncation and the fraction
+/// (round half away from zero, like `f64::round`). A third of stage 1's time on the CPU.
+#[inline(always)]
+fn fixed_units(v: f64) -> u128 {
+    const INTEGRAL: f64 = (1u64 << 53) as f64;
+    if v >= INTEGRAL {
+        let bits = v.to_bits();
+        let mantissa = (bits & ((1u64 << 52) - 1)) | (1u64 << 52);
+        let shift = ((bits >> 52) as u32) - 1075; // the exponent minus the mantissa's 52
+        (mantissa as u128) << shift
+    } else {
+        let t = v as u64; // exact truncation: 0 <= v < 2^53
+        (t + u64::from(v - t as f64 >= 0.5)) as u128
+    }
 }
 
 /// `Z = fp32(max + ln(sum / 2^80))` for a fixed-point [`exp_sum`].
@@ -155,4 +173,37 @@ pub(crate) fn fill_ineligible<T: Element>(row: Row<'_, T>, lp: &mut [f32], ti: &
             next += 1;
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fixed_units_rounds_like_f64_round_over_the_whole_range() {
+        let edges = [
+            0.0,
+            0.49999999999999994,
+            0.5,
+            1.5,
+            2.5,
+            123_456.5,
+            4_503_599_627_370_495.5, // 2^52 - 0.5
+            9_007_199_254_740_991.0, // 2^53 - 1
+            9_007_199_254_740_992.0, // 2^53
+            9_007_199_254_740_994.0,
+            SUM_UNIT, // exp(0): the largest term
+        ];
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let spread = (0..20_000).map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            // exp(d) * 2^80 for d in [-60, 0]: every magnitude a term takes
+            (-60.0 * (state >> 11) as f64 / (1u64 << 53) as f64).exp() * SUM_UNIT
+        });
+        for v in edges.into_iter().chain(spread) {
+            assert_eq!(fixed_units(v), v.round() as u128, "{v:e}");
+        }
+    }
 }
