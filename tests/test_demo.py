@@ -108,7 +108,8 @@ def test_repeats_keep_each_decoders_fastest_pass(monkeypatch):
             order.append(self.key)
             return decode.Result([[1]], times[self.key][order.count(self.key) - 1])
 
-    monkeypatch.setattr(cli, "new_engine", lambda *a: None)
+    engine = types.SimpleNamespace(device=torch.device("cpu"))
+    monkeypatch.setattr(cli, "new_engine", lambda *a: engine)
     monkeypatch.setattr(cli, "make_decoder", lambda e, name, b, bs, a: Fake(name, b))
     a = demo_args(["--decoders", "greedy,ddtree", "--budget", "3", "--repeats", "2"])
     rows = cli.decode_all(None, [[0]], a, torch.device("cpu"))

@@ -302,22 +302,34 @@ def decode_all(weights, prompts, args, device) -> list[dict]:
     rows = [{"decoder": name, "budget": budget, "result": None} for name, budget in plan(args)]
     for rep in range(args.repeats):
         for row in rows:
-            name, budget = row["decoder"], row["budget"]
-            t = time.perf_counter()
-            dec = make_decoder(engine, name, budget, len(prompts), args)
-            r = dec.decode(prompts)
-            if rep == 0 and device.type == "cuda" and not args.no_profile:
-                profile(dec, prompts, r)
-            best = row["result"]
-            if best is None or r.seconds < best.seconds:
-                if best is not None:  # the profile's fields are the first pass's
-                    r.idle, r.split, r.kernels = best.idle, best.split, best.kernels
-                row["result"] = r
-            label = name if budget is None else f"{name} B={budget}"
-            log(f"{label}: {r.tokens_per_s():.1f} tokens/s, {r.accepted:.2f} tokens/round "
-                f"({time.perf_counter() - t:.1f} s)")  # fmt: skip
-            del dec
+            keep_faster(row, timed_decode(engine, row, prompts, args, rep == 0))
     return rows
+
+
+def timed_decode(engine, row, prompts, args, first: bool):
+    """One decode of `row`'s decoder; on CUDA in the first pass, unless --no-profile, its
+    profiled decodes too."""
+    name, budget = row["decoder"], row["budget"]
+    t = time.perf_counter()
+    dec = make_decoder(engine, name, budget, len(prompts), args)
+    r = dec.decode(prompts)
+    if first and engine.device.type == "cuda" and not args.no_profile:
+        profile(dec, prompts, r)
+    label = name if budget is None else f"{name} B={budget}"
+    log(f"{label}: {r.tokens_per_s():.1f} tokens/s, {r.accepted:.2f} tokens/round "
+        f"({time.perf_counter() - t:.1f} s)")  # fmt: skip
+    return r
+
+
+def keep_faster(row, r) -> None:
+    """`r` becomes the row's result if it is the first or the faster; the profile's fields
+    stay the first pass's."""
+    best = row["result"]
+    if best is not None and r.seconds >= best.seconds:
+        return
+    if best is not None:
+        r.idle, r.split, r.kernels = best.idle, best.split, best.kernels
+    row["result"] = r
 
 
 def profile(dec, prompts, r) -> None:
