@@ -6,7 +6,7 @@ single-GPU `build_tree` / `accept_tree` on the whole rows, bit for bit.
 
 With as many GPUs as ranks the ranks use NCCL, one GPU each (the two-GPU issue's run);
 with one GPU they share it through gloo. Marked `gpu`: skipped without CUDA. The build's
-test ran on one H200 in session 18; the accept's was written then and has not yet run.
+and the accept's tests ran on one H200 (sessions 18 and 19).
 """
 
 from __future__ import annotations

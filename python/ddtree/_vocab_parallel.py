@@ -14,7 +14,7 @@ Supported here: CPU tensors (the gloo backend); greedy and temperature sampling 
 top-p by gathering the whole rows. CUDA tensors (NCCL, or gloo): the build
 (`build_into_cuda`, stage 1 as `ddtree._partials` parts; run on one H200 in session 18,
 ranks sharing it) and the accept (`accept_keys_cuda`: a greedy and a draw key per node and
-rank, 16 bytes, the walk on the GPU; written in session 18, not yet run on a GPU). Every
+rank, 16 bytes, the walk on the GPU; run on one H200 in session 19, ranks sharing it). Every
 call first gathers each rank's argument checks (`agree`): a rank that refuses its arguments
 makes every rank raise, rather than leaving the others waiting in a collective.
 """
