@@ -101,7 +101,8 @@ EOF
         ;;
     singles)
         for i in ${SINGLES:-0 33 66 99 132 165}; do
-            text=$(python3 -c "from ddtree.demo.cli import held_out_prompts as h; print(h(198)[$i])")
+            text=$(python3 -c "from ddtree.demo.cli import HELD_OUT, held_out_prompts as h
+print(h(HELD_OUT)[$i])")
             log "demo --prompt (held-out $i) $DEMO_ARGS"
             # shellcheck disable=SC2086
             timeout "$STEP_SECONDS" python3 -m ddtree demo --device cuda --prompt "$text" \

@@ -96,18 +96,18 @@ for step in $STEPS; do
         # NCU_SHAPES entry BS:B[:greedy|sampled], its sections and its hottest SASS lines.
         for shape in ${NCU_SHAPES:-64:255 1:63 64:255:sampled}; do
             IFS=: read -r bs budget acc <<< "$shape"
-            rep=/tmp/ncu-$bs-$budget-${acc:-build}
+            tag=$bs-$budget-${acc:-build}
+            rep=/tmp/ncu-$tag
             limit ncu --clock-control none --profile-from-start off -f -o "$rep" \
                 --section SpeedOfLight --section Occupancy --section LaunchStats \
                 --section WarpStateStats --section MemoryWorkloadAnalysis \
                 --section ComputeWorkloadAnalysis --section InstructionStats \
                 --section SourceCounters python3 tests/gpu_build_one.py "$bs" "$budget" $acc \
                 >/tmp/ncu-run.log 2>&1 || { tail -20 /tmp/ncu-run.log; status=1; }
-            ncu --import "$rep.ncu-rep" >"$OUT/ncu-$bs-$budget-${acc:-build}.txt" 2>&1 || status=1
+            ncu --import "$rep.ncu-rep" >"$OUT/ncu-$tag.txt" 2>&1 || status=1
             ncu --import "$rep.ncu-rep" --page source --csv --print-source sass \
                 >"$rep-sass.csv" 2>/dev/null || status=1
-            python3 tests/ncu_hot_lines.py "$rep-sass.csv" >>"$OUT/ncu-$bs-$budget-${acc:-build}.txt" \
-                2>&1 || status=1
+            python3 tests/ncu_hot_lines.py "$rep-sass.csv" >>"$OUT/ncu-$tag.txt" 2>&1 || status=1
         done
         (cd /tmp && tar -czf "$OUT/ncu-sass.tgz" ncu-*-sass.csv) || status=1
         grep -h "Duration\|^  [a-z_]*ddtree\|Memory Throughput\|Compute (SM) Throughput" \

@@ -16,8 +16,8 @@ def number(text: str) -> float:
 
 
 def kernels(path: str):
-    """(kernel header, rows) per kernel: the CSV holds one table per kernel, each after a
-    line naming it."""
+    """(kernel name, column header, rows) per kernel: the CSV holds one table per kernel,
+    each after a line naming it."""
     name, rows, header = None, [], None
     with open(path, newline="") as f:
         for rec in csv.reader(f):
