@@ -107,6 +107,22 @@ def test_kernels_equal_the_cpu_path_on_random_batches(chunk):
     print(f"requests with Z one ulp apart: {z_diffs}")
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("top", [None, 8.0, 7.9])
+def test_z_within_one_ulp_where_it_is_small(dtype, top):
+    """Log-probability rows (Z near 0, so an ulp of Z is tiny), and the same rows lifted so
+    that the maximum sits at the edge of fixed_sum.cuh's fast grade (8.0) or inside
+    the precise one (7.9): half of them with most tokens tied far below the top."""
+    rng = np.random.default_rng(77)
+    x, roots, prefix = make_inputs(rng, "logprob", (4, 15, 151936), torch.float32, False, False)
+    if top is not None:
+        x = x - x.amax(dim=2, keepdim=True) + top
+    x = x.to(dtype)
+    cpu = ddtree.build_tree(x, roots, prefix, budget=63)
+    gpu = ddtree.build_tree(x.to(DEV), roots.to(DEV), prefix.to(DEV), budget=63)
+    print(f"requests with Z one ulp apart: {compare(cpu, gpu, x, roots, prefix, 63)}")
+
+
 def best_first_tree(x, roots, prefix, budget, topk) -> ddtree.Tree:
     """The GPU build with the selection forced onto the best-first warp (stage bit 8)."""
     bs, depth, vocab = x.shape
