@@ -384,7 +384,10 @@ __device__ void candidates_row(const T* __restrict__ row, long long stride, int 
                                CandShared& s) {
   U128 sum{0ull, 0ull};
   float m;
-  const auto add_term = [&](float x, float shift) { sum = add128(sum, fixed_term(x - shift)); };
+  // The grade depends on the shift (the row's maximum) only: uniform over the block.
+  const auto add_term = [&](float x, float shift) {
+    sum = add128(sum, fixed_term(x - shift, precise_row(shift)));
+  };
   if (top_k_pass(row, stride, V, K, s, &m, add_term)) {
     for (int r = threadIdx.x; r < K; r += blockDim.x) {
       lp[r] = -INFINITY;

@@ -1,5 +1,5 @@
 // SPEC stage 1's normaliser sum, exp(x - max) over a row, as a fixed-point integer: each
-// term rounded to a multiple of 2^-52 and the terms added as 128-bit integers. Integer
+// term rounded to a multiple of one unit and the terms added as 128-bit integers. Integer
 // addition is exact and associative, so the sum does not depend on how the row is split:
 // over a block's threads, over vocabulary chunks (`partials.cuh`) or over tensor-parallel
 // shards, every split gives the one-block sum bit for bit, and so the same Z.
@@ -8,9 +8,25 @@
 
 namespace ddtree {
 
-// Terms are at most 1: at most 2^52 units each. (The Rust CPU path sums in units of 2^-80;
-// each path is within SPEC's ulp of Z, but their sums are not interchangeable.)
-constexpr double kSumUnit = 0x1p52;
+// A row's terms are added in one of two fixed-point grades, chosen by its maximum m alone
+// (the same on every part and rank, so every split still sums the same integers):
+//  * fast: units of 2^-52; within 3 of the max a float64 exp, further below it an fp32
+//    expf (at most 2 ulp off: 2^-22 of the term). The sum is then within 2^-22 of itself,
+//    so Z within 2^-22 absolute, which is under half an ulp of Z only when |Z| >= 8.
+//  * precise: units of 2^-80 and every term a float64 exp (1 ulp), as the Rust CPU path
+//    sums; Z is then as accurate as SPEC's float64 reference.
+// Z = m + ln(sum) with 1 <= sum <= V < 2^31, so Z lies in [m, m + 21.5): |Z| >= 8 is sure
+// when m >= 8 or m <= -29.5. Rows in between (log-probabilities, small logits) are precise.
+constexpr double kFastUnit = 0x1p52;
+constexpr double kPreciseUnit = 0x1p80;
+constexpr float kFastAtOrAbove = 8.0f;
+constexpr float kFastAtOrBelow = -29.5f;
+
+// Whether the row whose maximum is `m` sums precise terms (an all -inf row, m = 0 by its
+// caller's shift, sums nothing either way).
+__device__ __forceinline__ bool precise_row(float m) {
+  return m < kFastAtOrAbove && m > kFastAtOrBelow;
+}
 
 struct U128 {
   unsigned long long lo, hi;
@@ -23,12 +39,19 @@ __device__ __forceinline__ U128 add128(U128 a, U128 b) {
   return r;
 }
 
-// One term, d = x - max <= 0 (or -inf: 0). Near the max in float64; further than 3 below it
-// in fp32, as the float64 sum this replaced did (each such term is under 5 % of the largest,
-// and fp32 keeps it to 2^-23 of itself, far below an fp32 ulp of Z).
-__device__ __forceinline__ U128 fixed_term(float d) {
-  if (d > -3.0f) return {__double2ull_rn(exp(static_cast<double>(d)) * kSumUnit), 0ull};
-  return {__float2ull_rn(expf(d) * static_cast<float>(kSumUnit)), 0ull};
+// e in [0, 1] as a multiple of 2^-80, rounded to nearest: the high word takes e's bits
+// of weight >= 2^-16 (exact: floor), the low word the rest, scaled by 2^64 (exact: a
+// power of two) and rounded once.
+__device__ __forceinline__ U128 precise_units(double e) {
+  const double top = floor(e * 0x1p16);
+  return {__double2ull_rn((e * 0x1p16 - top) * 0x1p64), static_cast<unsigned long long>(top)};
+}
+
+// One term, d = x - max <= 0 (or -inf: 0), in the row's grade.
+__device__ __forceinline__ U128 fixed_term(float d, bool precise) {
+  if (precise) return precise_units(exp(static_cast<double>(d)));
+  if (d > -3.0f) return {__double2ull_rn(exp(static_cast<double>(d)) * kFastUnit), 0ull};
+  return {__float2ull_rn(expf(d) * static_cast<float>(kFastUnit)), 0ull};
 }
 
 __device__ __forceinline__ U128 warp_sum128(U128 v) {
@@ -44,10 +67,11 @@ __device__ __forceinline__ U128 block_sum128(U128 v, U128* scratch) {
   return block_reduce(v, scratch, U128{0ull, 0ull}, warp_sum128);
 }
 
-// Z = fp32(m + ln(sum / 2^52)) for the fixed-point sum of a row whose maximum m is finite.
+// Z = fp32(m + ln(sum / unit)) for the fixed-point sum of a row whose maximum m is finite.
 __device__ __forceinline__ float fixed_normaliser(float m, U128 sum) {
   const double total = static_cast<double>(sum.hi) * 0x1p64 + static_cast<double>(sum.lo);
-  return static_cast<float>(static_cast<double>(m) + log(total / kSumUnit));
+  const double unit = precise_row(m) ? kPreciseUnit : kFastUnit;
+  return static_cast<float>(static_cast<double>(m) + log(total / unit));
 }
 
 }  // namespace ddtree

@@ -58,9 +58,10 @@ template <typename T>
 __device__ void partial_sum_row(const T* __restrict__ part, long long stride, int len, float m,
                                 U128* __restrict__ out, U128* scratch) {
   const float shift = (m == -INFINITY) ? 0.0f : m;
+  const bool precise = precise_row(shift);  // the row's grade: the same on every part
   U128 sum{0ull, 0ull};
   for_each_in_row(part, stride, len, [&](int, float x) {
-    if (!isnan(x) && x != INFINITY) sum = add128(sum, fixed_term(x - shift));
+    if (!isnan(x) && x != INFINITY) sum = add128(sum, fixed_term(x - shift, precise));
   });
   sum = block_sum128(sum, scratch);
   if (threadIdx.x == 0) *out = sum;
