@@ -40,15 +40,26 @@ STAGES = (
 )
 
 
-def peaked_logits(bs, depth, vocab, seed, device) -> torch.Tensor:
-    """DFlash-like rows: Gaussian noise, a few strong tokens, flatter with depth (bf16)."""
+def peaked_logits(bs, depth, vocab, seed, device, shift: float = 0.0) -> torch.Tensor:
+    """DFlash-like rows: Gaussian noise, a few strong tokens, flatter with depth (bf16),
+    every logit moved by ``shift`` (the tree is the same; Z moves, and with it which rows
+    the GPU's normaliser sums in its precise grade: maxima in (-29.5, 8))."""
     g = torch.Generator(device=device).manual_seed(seed)
     x = torch.randn(bs, depth, vocab, device=device, generator=g) * 2.0
     hot = torch.randint(0, vocab, (bs, depth, 4), device=device, generator=g)
     strength = torch.linspace(14.0, 6.0, depth, device=device).view(1, depth, 1)
     boost = strength * torch.rand(bs, depth, 4, device=device, generator=g).add(0.5)
     x.scatter_(2, hot, boost)
-    return x.to(torch.bfloat16)
+    return (x + shift).to(torch.bfloat16)
+
+
+PRECISE_MAX = (-29.5, 8.0)  # fixed_sum.cuh: rows whose maximum lies between sum precisely
+
+
+def precise_share(x: torch.Tensor) -> float:
+    """The share of rows whose normaliser the GPU sums in its precise (float64) grade."""
+    m = x.float().amax(dim=-1)
+    return ((m > PRECISE_MAX[0]) & (m < PRECISE_MAX[1])).float().mean().item()
 
 
 SPIN_CYCLES = 40_000_000  # ~20 ms: longer than the host takes to queue the replays
@@ -211,9 +222,9 @@ def parts_columns(tree, x, k: int, replays: int) -> dict:
     return {"parts": us, "parts_chunk": chunk, "parts_match": same}
 
 
-def bench_one(bs, budget, depth, vocab, replays, seed, uno=None) -> dict:
+def bench_one(bs, budget, depth, vocab, replays, seed, uno=None, shift=0.0) -> dict:
     dev = torch.device("cuda")
-    x = peaked_logits(bs, depth, vocab, seed, dev)
+    x = peaked_logits(bs, depth, vocab, seed, dev, shift)
     roots = torch.randint(0, vocab, (bs,), device=dev)
     prefix = torch.randint(0, 4000, (bs,), device=dev)
     stepper = Stepper(max_batch=bs, budget=budget, depth=depth, vocab=vocab, device=dev)
@@ -221,7 +232,7 @@ def bench_one(bs, budget, depth, vocab, replays, seed, uno=None) -> dict:
     k = min(budget, vocab)
     tree = stepper.step(x, roots, prefix)
     scratch = {n: t[: bs * depth] for n, t in stepper._scratch.items()}
-    row = {"bs": bs, "B": budget}
+    row = {"bs": bs, "B": budget, "precise": precise_share(x)}
     for name, bits in STAGES:
         row[name] = graph_time_us(
             lambda bits=bits: _cuda.launch_build(tree, scratch, x, roots, prefix, budget, k, bits),
@@ -253,6 +264,7 @@ def bench_one(bs, budget, depth, vocab, replays, seed, uno=None) -> dict:
 COLUMNS = (
     ("bs", "bs", "{:>4}"),
     ("B", "B", "{:>5}"),
+    ("precise", "precise rows", "{:>12.0%}"),
     ("candidates", "cand µs", "{:>8.1f}"),
     ("parts", "parts µs", "{:>8.1f}"),
     ("parts_chunk", "part", "{:>6}"),
@@ -352,6 +364,13 @@ def main(argv=None) -> int:
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic logits")
     p.add_argument(
+        "--shift",
+        type=float,
+        default=0.0,
+        help="added to every logit: the same trees, another Z (e.g. 20 or -15 put every row "
+        "in the normaliser's fast or precise grade)",
+    )
+    p.add_argument(
         "--uno",
         metavar="PATH",
         help="SGLang 0.5.23's uno_tree.py or an sglang wheel (default: $DDTREE_SGLANG_WHEEL, "
@@ -376,7 +395,11 @@ def main(argv=None) -> int:
     for bs in args.bs:
         for budget in args.budget:
             print(f"... bs={bs} B={budget}", file=sys.stderr, flush=True)
-            rows.append(bench_one(bs, budget, args.depth, args.vocab, args.replays, args.seed, uno))
+            rows.append(
+                bench_one(
+                    bs, budget, args.depth, args.vocab, args.replays, args.seed, uno, args.shift
+                )
+            )
     print_table(rows)
     return 0
 
