@@ -333,9 +333,10 @@ __device__ void write_candidates(const T* __restrict__ row, long long stride, in
 }
 
 // Stage 1's two reads of `V` tokens (a row, or a chunk of one) for their top K, K <= V:
-// pass 1 finds NaN / +inf and the maximum (into *max_out); pass 2 calls each(x, shift) on
-// every value, shift being the maximum (0 when every value is -inf), and collects the top
-// K into s.cand, unsorted. Returns 1, with nothing collected, when a NaN or +inf was seen.
+// pass 1 finds NaN / +inf and the maximum (into *max_out); pass 2 calls each(x, shift, grade)
+// on every value, shift being the maximum (0 when every value is -inf) and grade the row's
+// normaliser grade as a type (fixed_sum.cuh: the loop is compiled once per grade, so a
+// term pays for its own grade only), and collects the top K into s.cand, unsorted. Returns 1, with nothing collected, when a NaN or +inf was seen.
 template <typename T, typename Each>
 __device__ int top_k_pass(const T* __restrict__ row, long long stride, int V, int K,
                           CandShared& s, float* max_out, Each&& each) {
@@ -357,14 +358,21 @@ __device__ int top_k_pass(const T* __restrict__ row, long long stride, int V, in
   // few times K, selected among exactly in shared memory. Ties beyond kTieCap fall back to
   // the radix select over the whole row.
   const uint32_t floor_key = kth_largest_thread_key(s, float_key(local_max), K);
-  for_each_in_row(row, stride, V, [&](int id, float x) {
-    each(x, shift);
-    const uint32_t key = float_key(x);
-    if (key >= floor_key) {
-      const int slot = atomicAdd(&s.tie_count, 1);
-      if (slot < kTieCap) s.ties[slot] = composite(key, id);
-    }
-  });
+  const auto pass2 = [&](auto grade) {
+    for_each_in_row(row, stride, V, [&](int id, float x) {
+      each(x, shift, grade);
+      const uint32_t key = float_key(x);
+      if (key >= floor_key) {
+        const int slot = atomicAdd(&s.tie_count, 1);
+        if (slot < kTieCap) s.ties[slot] = composite(key, id);
+      }
+    });
+  };
+  if (precise_row(shift)) {
+    pass2(Precise{});
+  } else {
+    pass2(Fast{});
+  }
   __syncthreads();
   const int kept = s.tie_count;
   if (kept <= kTieCap) {
@@ -384,9 +392,8 @@ __device__ void candidates_row(const T* __restrict__ row, long long stride, int 
                                CandShared& s) {
   U128 sum{0ull, 0ull};
   float m;
-  // The grade depends on the shift (the row's maximum) only: uniform over the block.
-  const auto add_term = [&](float x, float shift) {
-    sum = add128(sum, fixed_term(x - shift, precise_row(shift)));
+  const auto add_term = [&](float x, float shift, auto grade) {
+    sum = add128(sum, fixed_term(x, shift, grade));
   };
   if (top_k_pass(row, stride, V, K, s, &m, add_term)) {
     for (int r = threadIdx.x; r < K; r += blockDim.x) {

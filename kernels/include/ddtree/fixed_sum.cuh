@@ -11,16 +11,23 @@ namespace ddtree {
 // A row's terms are added in one of two fixed-point grades, chosen by its maximum m alone
 // (the same on every part and rank, so every split still sums the same integers):
 //  * fast: units of 2^-52; within 3 of the max a float64 exp, further below it an fp32
-//    expf (at most 2 ulp off: 2^-22 of the term). The sum is then within 2^-22 of itself,
-//    so Z within 2^-22 absolute, which is under half an ulp of Z only when |Z| >= 8.
+//    expf (2 ulp) with the fp32 subtraction's rounding error folded back in. Each term is
+//    then within 1.25 * 2^-22 of itself (+ half a unit), so Z within 2^-21 absolute for
+//    V < 2^30, which is under half an ulp of Z only when |Z| >= 8.
 //  * precise: units of 2^-80 and every term a float64 exp (1 ulp), as the Rust CPU path
 //    sums; Z is then as accurate as SPEC's float64 reference.
 // Z = m + ln(sum) with 1 <= sum <= V < 2^31, so Z lies in [m, m + 21.5): |Z| >= 8 is sure
 // when m >= 8 or m <= -29.5. Rows in between (log-probabilities, small logits) are precise.
+// Either way the exponent x - m is taken exactly: in fp32 it rounds by up to 2^-24 |x - m|,
+// an error every token of a tied row repeats, which would put Z ulps away.
 constexpr double kFastUnit = 0x1p52;
 constexpr double kPreciseUnit = 0x1p80;
 constexpr float kFastAtOrAbove = 8.0f;
 constexpr float kFastAtOrBelow = -29.5f;
+
+// The two grades as types, so that a loop over a row is compiled once for each.
+struct Fast {};
+struct Precise {};
 
 // Whether the row whose maximum is `m` sums precise terms (an all -inf row, m = 0 by its
 // caller's shift, sums nothing either way).
@@ -47,11 +54,29 @@ __device__ __forceinline__ U128 precise_units(double e) {
   return {__double2ull_rn((e * 0x1p16 - top) * 0x1p64), static_cast<unsigned long long>(top)};
 }
 
-// One term, d = x - max <= 0 (or -inf: 0), in the row's grade.
-__device__ __forceinline__ U128 fixed_term(float d, bool precise) {
-  if (precise) return precise_units(exp(static_cast<double>(d)));
-  if (d > -3.0f) return {__double2ull_rn(exp(static_cast<double>(d)) * kFastUnit), 0ull};
-  return {__float2ull_rn(expf(d) * static_cast<float>(kFastUnit)), 0ull};
+// The rounding error of d = fp32(x - m): x - m = d + error exactly (Knuth's TwoSum; no
+// products, so no contraction into fma can change it).
+__device__ __forceinline__ float two_diff_error(float x, float m, float d) {
+  const float bb = d - x;
+  return (x - (d - bb)) + (-m - bb);
+}
+
+// exp(x - m), x <= m (or -inf: 0), as a multiple of the grade's unit.
+__device__ __forceinline__ U128 fixed_term(float x, float m, Precise) {
+  const double exact = static_cast<double>(x) - static_cast<double>(m);  // exact in float64
+  return exact > -60.0 ? precise_units(exp(exact)) : U128{0ull, 0ull};
+}
+
+__device__ __forceinline__ U128 fixed_term(float x, float m, Fast) {
+  const float d = x - m;
+  if (d > -3.0f) {
+    const double exact = static_cast<double>(x) - static_cast<double>(m);
+    return {__double2ull_rn(exp(exact) * kFastUnit), 0ull};
+  }
+  if (!(d > -40.0f)) return {0ull, 0ull};  // under half a unit (and -inf)
+  const float err = two_diff_error(x, m, d);
+  const float t = expf(d);
+  return {__float2ull_rn(fmaf(t, err, t) * static_cast<float>(kFastUnit)), 0ull};
 }
 
 __device__ __forceinline__ U128 warp_sum128(U128 v) {

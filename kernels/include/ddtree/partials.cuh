@@ -24,7 +24,7 @@ __device__ void partial_row(const T* __restrict__ part, long long stride, int le
                             int* __restrict__ bad_out, CandShared& s) {
   const int k = min(K, len);
   float m;
-  const int bad = top_k_pass(part, stride, len, k, s, &m, [](float, float) {});
+  const int bad = top_k_pass(part, stride, len, k, s, &m, [](float, float, auto) {});
   if (threadIdx.x == 0) {
     *max_out = m;
     *bad_out = bad;
@@ -58,11 +58,17 @@ template <typename T>
 __device__ void partial_sum_row(const T* __restrict__ part, long long stride, int len, float m,
                                 U128* __restrict__ out, U128* scratch) {
   const float shift = (m == -INFINITY) ? 0.0f : m;
-  const bool precise = precise_row(shift);  // the row's grade: the same on every part
   U128 sum{0ull, 0ull};
-  for_each_in_row(part, stride, len, [&](int, float x) {
-    if (!isnan(x) && x != INFINITY) sum = add128(sum, fixed_term(x - shift, precise));
-  });
+  const auto add_terms = [&](auto grade) {
+    for_each_in_row(part, stride, len, [&](int, float x) {
+      if (!isnan(x) && x != INFINITY) sum = add128(sum, fixed_term(x, shift, grade));
+    });
+  };
+  if (precise_row(shift)) {  // the row's grade: the same on every part
+    add_terms(Precise{});
+  } else {
+    add_terms(Fast{});
+  }
   sum = block_sum128(sum, scratch);
   if (threadIdx.x == 0) *out = sum;
 }
