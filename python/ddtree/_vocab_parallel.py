@@ -134,6 +134,13 @@ def build_tree(args: tuple, group, vocab_start, into=None) -> Tree:
     """`ddtree.build_tree`'s arguments (draft logits, roots, prefix, budget, topk) with
     this rank's shard as the draft logits: checked and agreed on every rank, then built —
     into a new tree, or into ``into(bs, L, K, V)``'s (a Stepper's static views)."""
+    x, roots, prefix, budget, topk = agreed_build_args(args, group)
+    return build_into(x, roots, prefix, budget, topk, group, vocab_start, into)
+
+
+def agreed_build_args(args: tuple, group) -> tuple:
+    """`ddtree.build_tree`'s arguments checked on this rank, and the same on every rank
+    (shapes, dtype, roots, prefix lengths, budget): one collective and a host sync."""
     from ._api import check_build
 
     def check():
@@ -143,8 +150,7 @@ def build_tree(args: tuple, group, vocab_start, into=None) -> Tree:
                checksum(prefix), x.device.type == "cuda"]  # fmt: skip
         return checked, sig
 
-    x, roots, prefix, budget, topk = agree(group, check)
-    return build_into(x, roots, prefix, budget, topk, group, vocab_start, into)
+    return agree(group, check)
 
 
 def build_into(x, roots, prefix, budget: int, topk, group, vocab_start, into=None) -> Tree:
@@ -179,38 +185,59 @@ def build_into(x, roots, prefix, budget: int, topk, group, vocab_start, into=Non
 
 
 def build_into_cuda(x, roots, prefix, budget: int, topk, group, vocab_start, into=None) -> Tree:
-    """SPEC stages 1–3 on this rank's CUDA shard `x`: stage 1 as parts of every rank's shard
-    (`ddtree._partials`), each rank writing its own parts into zeroed arrays that a sum
-    across the ranks completes; the merge, then stages 2–3 from its candidates. Eager only
-    (the layout is agreed on the host)."""
-    from . import _partials
-    from ._api import k_of
-
-    bs, depth, v_local = x.shape
-    starts, sizes = shards(v_local, group, vocab_start)
-    rank = _dist().get_rank(group)
-    start, vocab = int(starts[rank]), int((starts + sizes).max())
-    k = k_of(budget, vocab, topk)
-    tree = into(bs, depth, k, vocab) if into else _buffers.new_tree(bs, depth, k, budget, x.device)
-    rows = bs * depth
-    chunk, counts = part_layout(sizes.tolist(), k, rows, x.device, group)
-    order = sorted(range(len(counts)), key=lambda r: int(starts[r]))
-    base = sum(counts[r] for r in order[: order.index(rank)])
-    arrays = _partials.part_arrays(rows, sum(counts), k, x.device)
-    for t in arrays.values():
-        t.zero_()  # the other ranks' entries: zero here, their bits after the sum
-    _partials.parts(x, chunk, arrays, "parts", base, start)
-    sum_bits(arrays, ("values", "ids", "maxima", "bad"), group)
-    _partials.parts(x, chunk, arrays, "sums", base, start)  # needs every part's maximum
-    sum_bits(arrays, ("sums",), group)
-    scratch = _cuda.new_scratch(rows, x.device)
-    stage1 = (tree.topk_logprobs.view(rows, k), tree.topk_ids.view(rows, k))
-    _partials.merge(arrays, (*stage1, scratch["eligible"], scratch["bad"]))
-    # Stages 2–3 read stage 1's outputs, not the logits: a view of the whole rows' shape
-    # (vocabulary stride 0) stands in for them.
-    whole = torch.as_strided(x, (bs, depth, vocab), (x.stride(0), x.stride(1), 0))
-    _cuda.launch_build(tree, scratch, whole, roots, prefix, budget, k, stages=6)
+    """SPEC stages 1–3 on this rank's CUDA shard `x` (checked and agreed): a `ShardBuild`
+    for this call. Eager only (the layout is agreed on the host)."""
+    plan = ShardBuild(x.shape, budget, topk, group, vocab_start, x.device)
+    bs, depth, _ = x.shape
+    tree = into(bs, depth, plan.k, plan.vocab) if into else _buffers.new_tree(
+        bs, depth, plan.k, budget, x.device)  # fmt: skip
+    plan.run(x, roots, prefix, tree)
     return tree
+
+
+class ShardBuild:
+    """Stages 1–3 on CUDA shards of one shape ``[bs, L, V_r]``: stage 1 as parts of every
+    rank's shard (`ddtree._partials`), each rank writing its own parts into zeroed arrays
+    that an integer sum across the ranks completes; the merge, then stages 2–3 from its
+    candidates. Made once (the shard layout and the part size are agreed on the host,
+    collectively); `run` then only launches kernels and in-place collectives on the current
+    stream: no host sync, no allocation — capturable where the collective is (NCCL)."""
+
+    def __init__(self, shape, budget: int, topk, group, vocab_start, device):
+        from . import _partials
+        from ._api import k_of
+
+        bs, depth, v_local = shape
+        starts, sizes = shards(v_local, group, vocab_start)
+        rank = _dist().get_rank(group)
+        self.start, self.vocab = int(starts[rank]), int((starts + sizes).max())
+        self.k = k_of(budget, self.vocab, topk)
+        self.budget, self.group = budget, group
+        rows = bs * depth
+        self.chunk, counts = part_layout(sizes.tolist(), self.k, rows, device, group)
+        order = sorted(range(len(counts)), key=lambda r: int(starts[r]))
+        self.base = sum(counts[r] for r in order[: order.index(rank)])
+        self.arrays = _partials.part_arrays(rows, sum(counts), self.k, device)
+        self.scratch = _cuda.new_scratch(rows, device)
+
+    def run(self, x, roots, prefix, tree: Tree) -> None:
+        """Stages 1–3 of this rank's shard `x` into `tree` (of this plan's bs, L and K)."""
+        from . import _partials
+
+        for t in self.arrays.values():
+            t.zero_()  # the other ranks' entries: zero here, their bits after the sum
+        _partials.parts(x, self.chunk, self.arrays, "parts", self.base, self.start)
+        sum_bits(self.arrays, ("values", "ids", "maxima", "bad"), self.group)
+        _partials.parts(x, self.chunk, self.arrays, "sums", self.base, self.start)
+        sum_bits(self.arrays, ("sums",), self.group)
+        bs, depth, _ = x.shape
+        rows, k = bs * depth, self.k
+        stage1 = (tree.topk_logprobs.view(rows, k), tree.topk_ids.view(rows, k))
+        _partials.merge(self.arrays, (*stage1, self.scratch["eligible"], self.scratch["bad"]))
+        # Stages 2–3 read stage 1's outputs, not the logits: a view of the whole rows'
+        # shape (vocabulary stride 0) stands in for them.
+        whole = torch.as_strided(x, (bs, depth, self.vocab), (x.stride(0), x.stride(1), 0))
+        _cuda.launch_build(tree, self.scratch, whole, roots, prefix, self.budget, k, stages=6)
 
 
 def part_layout(sizes: list[int], k: int, rows: int, device, group) -> tuple[int, list[int]]:
@@ -316,30 +343,62 @@ def accept_into(tree: Tree, target, acc: Acceptance, group, vocab_start, samplin
 
 
 def accept_keys_cuda(tree: Tree, t, acc: Acceptance, group, vocab_start, temperature, seed):
-    """The accept on CUDA shards: each node's greedy and draw keys over this rank's tokens
-    (`shard_keys`), every rank's keys gathered (16 bytes a node), and the walk along their
-    maximum (`walk_keys`): the single-GPU walk's tokens, bit for bit. `temperature` [bs]
-    (float64, host) or None for greedy; `seed` rank 0's."""
-    start, vocab = layout(t.shape[2], group, vocab_start)
+    """The accept on CUDA shards: a `ShardKeys` for this call. `temperature` [bs] (float64,
+    host) or None for greedy; `seed` rank 0's."""
     state = None
     if temperature is not None:
         state = _sampling.SamplingState(tree.batch_size, t.device, seed)
         state.load(tree.batch_size, temperature.to(t.device), None, None)
-    walk_keys(tree, acc, gather(shard_keys(t, start, vocab, state), group), state)
+    ShardKeys(t.shape, group, vocab_start, t.device).run(t, tree, acc, state)
 
 
-def shard_keys(t: torch.Tensor, start: int, vocab: int, state) -> torch.Tensor:
-    """This shard's keys ``[2, bs, Q]`` (int64 holding uint64): each node's greedy key,
-    then its draw key (0 for a greedy request or with no contender); `state` a
-    ``SamplingState`` (temperature alone is read) or None for greedy."""
-    keys = torch.empty(2, *t.shape[:2], dtype=torch.int64, device=t.device)
+class ShardKeys:
+    """SPEC stage 4 on CUDA shards ``[bs, Q, V_r]``: each node's greedy and draw keys over
+    this rank's tokens (`shard_keys`), every rank's keys gathered (16 bytes a node), and
+    the walk along their maximum (`walk_keys`): the single-GPU walk's tokens, bit for bit.
+    Made once (the layout agreed on the host); `run` then launches and gathers in place."""
+
+    def __init__(self, shape, group, vocab_start, device):
+        bs, q, v_local = shape
+        self.start, self.vocab = layout(v_local, group, vocab_start)
+        self.group, tp = group, _dist().get_world_size(group)
+        self.mine = torch.empty(2, bs, q, dtype=torch.int64, device=device)
+        self.every = torch.empty(2, tp, bs, q, dtype=torch.int64, device=device)
+
+    def run(self, t, tree: Tree, acc: Acceptance, state) -> None:
+        """Into `acc`; `state` a ``SamplingState`` (its temperature and generator are read)
+        or None for greedy."""
+        shard_keys(t, self.start, self.vocab, state, out=self.mine)
+        for i in range(2):  # greedy keys, then draw keys: each [tp, bs, Q] contiguous
+            gather_into(self.every[i], self.mine[i], self.group)
+        walk_gathered(tree, acc, self.every[0], self.every[1], state)
+
+
+def gather_into(out: torch.Tensor, mine: torch.Tensor, group) -> None:
+    """Every rank's `mine` into `out` ``[tp, *mine.shape]`` in group-rank order: in place
+    with NCCL (capturable), through the host with gloo."""
+    if _dist().get_backend(group) == "nccl":
+        _dist().all_gather_into_tensor(out, mine, group=group)
+    else:
+        out.copy_(gather(mine, group))
+
+
+def shard_keys(t: torch.Tensor, start: int, vocab: int, state, out=None) -> torch.Tensor:
+    """This shard's keys ``[2, bs, Q]`` (int64 holding uint64), into `out` or a new tensor:
+    each node's greedy key, then its draw key (0 for a greedy request or with no
+    contender); `state` a ``SamplingState`` (temperature alone is read) or None for greedy."""
+    keys = torch.empty(2, *t.shape[:2], dtype=torch.int64, device=t.device) if out is None else out
     _core.cuda_shard_keys(*_cuda.launch_on(t.device), t, start, vocab, keys[0], keys[1], state)
     return keys
 
 
 def walk_keys(tree: Tree, acc: Acceptance, every: torch.Tensor, state) -> None:
     """The walk along every rank's keys ``[tp, 2, bs, Q]`` into `acc`."""
-    greedy, sampled = every[:, 0].contiguous(), every[:, 1].contiguous()
+    walk_gathered(tree, acc, every[:, 0].contiguous(), every[:, 1].contiguous(), state)
+
+
+def walk_gathered(tree: Tree, acc: Acceptance, greedy, sampled, state) -> None:
+    """The walk along every rank's greedy and draw keys (``[tp, bs, Q]`` each, contiguous)."""
     temps = None if state is None else state.temperature
-    _core.cuda_walk_keys(*_cuda.launch_on(tree.device), every.shape[0], greedy, sampled, tree,
+    _core.cuda_walk_keys(*_cuda.launch_on(tree.device), greedy.shape[0], greedy, sampled, tree,
                          acc, temps)  # fmt: skip

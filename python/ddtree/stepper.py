@@ -51,10 +51,11 @@ class Stepper:
         self.device = _validate.concrete_device(device)
         self._cuda = self.device.type == "cuda"
         # Vocab-parallel: step and accept take this rank's vocabulary shard (`vocab` is the
-        # whole vocabulary); CPU tensors only for now, like ddtree.build_tree(group=).
+        # whole vocabulary). On CUDA the shard layout of each shape is agreed once, at its
+        # first step / accept (`_vocab_parallel.ShardBuild`, `ShardKeys`).
         self._group, self._vocab_start = group, vocab_start
-        if group is not None and self._cuda:
-            raise ValueError("group: a vocab-parallel Stepper runs on device='cpu' for now")
+        self._shard_builds: dict[tuple, _vocab_parallel.ShardBuild] = {}
+        self._shard_keys: dict[tuple, _vocab_parallel.ShardKeys] = {}
         _vocab_parallel.no_vocab_start(group, vocab_start)
         if self._cuda:
             self._check_cuda_limits()
@@ -146,6 +147,8 @@ class Stepper:
         become tensors here first. On CUDA, token and prefix values are status codes (a host
         check would sync); on the CPU they are checked on the host."""
         self._check_open()
+        if self._group is not None and self._cuda:
+            return self._step_group_cuda(draft_logits, root_tokens, prefix_lens)
         if self._group is not None:
             return self._step_group(draft_logits, root_tokens, prefix_lens)
         if not (isinstance(root_tokens, torch.Tensor) and isinstance(prefix_lens, torch.Tensor)):
@@ -174,6 +177,49 @@ class Stepper:
         self._tree, self._next_acc = self._views(tuple(tree.topk_ids.shape))
         self._round = (*tree.topk_ids.shape, self.vocab)
         return tree
+
+    def _step_group_cuda(self, draft_logits, root_tokens, prefix_lens) -> Tree:
+        """`step` on this rank's CUDA shard. The first step of a shape checks the arguments
+        on every rank and agrees on the shard layout (host syncs: not in a capture); later
+        ones check this rank's arguments on the host and launch kernels and in-place
+        collectives only (capturable with NCCL). The ranks must then pass the same roots
+        and prefix lengths: comparing them again would sync."""
+        args = (draft_logits, root_tokens, prefix_lens, self.budget, self.topk)
+        x, roots, prefix, _, _ = _api.check_build(*args, whole_vocab=False)
+        self._check_shard(x, "draft_logits")
+        plan = self._shard_builds.get(tuple(x.shape))
+        if plan is None:
+            self._agree_outside_capture("step")
+            x, roots, prefix, _, _ = _vocab_parallel.agreed_build_args(args, self._group)
+            plan = _vocab_parallel.ShardBuild(x.shape, self.budget, self.topk, self._group,
+                                              self._vocab_start, self.device)  # fmt: skip
+            self._check_vocab(plan.vocab, "draft_logits")
+            self._shard_builds[tuple(x.shape)] = plan
+        bs, depth, _ = x.shape
+        tree, self._next_acc = self._views((bs, depth, plan.k))
+        plan.run(x, roots, prefix, tree)
+        self._tree, self._round = tree, (bs, depth, plan.k, self.vocab)
+        return tree
+
+    def _agree_outside_capture(self, what: str) -> None:
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"Stepper.{what}: with group= the first call of a shape agrees on the shard "
+                "layout on the host; make it once before capturing"
+            )
+
+    def _check_shard(self, x: torch.Tensor, name: str) -> None:
+        if x.device != self.device:
+            raise ValueError(f"{name}: on {x.device}, the Stepper's device is {self.device}")
+        bs, depth = x.shape[:2]
+        if name == "draft_logits" and (bs > self.max_batch or depth > self.depth):
+            raise ValueError(f"draft_logits: [{bs}, {depth}, ...] exceeds the Stepper's "
+                             f"max_batch {self.max_batch} / depth {self.depth}")  # fmt: skip
+
+    def _check_vocab(self, vocab: int, name: str) -> None:
+        if vocab != self.vocab:
+            raise ValueError(f"{name}: the shards hold V = {vocab} tokens, the Stepper's "
+                             f"vocab is {self.vocab}")  # fmt: skip
 
     def _views(self, key: tuple) -> tuple[Tree, Acceptance]:
         """Views of the static buffers for one (bs, L, K): the tree, and the acceptance its
@@ -212,6 +258,11 @@ class Stepper:
         if self._tree is None:
             raise RuntimeError("Stepper.accept: call step() first")
         tree, acc = self._tree, self._next_acc
+        if self._cuda and self._group is not None:
+            self._accept_group_cuda(target_logits, temperature, top_k, top_p, generator)
+            self._acc = acc
+            self._publish(acc, readback)
+            return acc
         if self._cuda:  # the engine publishes within the accept's graph
             self._accept_cuda(target_logits, temperature, top_k, top_p, generator, readback)
             self._acc = acc
@@ -245,6 +296,42 @@ class Stepper:
             self._engine.check_target(target_logits, params)
         seed = _api.seed_of(generator) & _sampling.SEED_MASK
         self._engine.accept(target_logits, readback, params, seed)
+
+    def _accept_group_cuda(self, target_logits, temperature, top_k, top_p, generator):
+        """`accept` on this rank's CUDA shard of the target: greedy, or sampled by
+        temperature with the Stepper's own generator state (reseeded by `generator` as the
+        single-GPU accept is), so every rank draws what a single-GPU Stepper of the same
+        seed draws. The first accept of a shape agrees on the layout (host syncs); later
+        ones launch and gather in place. top_k / top_p need whole rows: refused here
+        (`ddtree.accept_tree(group=)` gathers them)."""
+        for name, value in (("top_k", top_k), ("top_p", top_p)):
+            if value is not None:
+                raise ValueError(f"{name}: a vocab-parallel Stepper on CUDA samples by "
+                                 "temperature only; ddtree.accept_tree(group=) gathers whole "
+                                 "rows for top-k / top-p")  # fmt: skip
+        tree, acc = self._tree, self._next_acc
+        t = _api.check_target(tree, target_logits, whole_vocab=False)
+        self._check_shard(t, "target_logits")
+        plan = self._shard_keys.get(tuple(t.shape))
+        if plan is None:
+            self._agree_outside_capture("accept")
+            plan = _vocab_parallel.ShardKeys(t.shape, self._group, self._vocab_start,
+                                             self.device)  # fmt: skip
+            self._check_vocab(plan.vocab, "target_logits")
+            self._shard_keys[tuple(t.shape)] = plan
+        state = None
+        if not _sampling.is_greedy_number(temperature):
+            state = self._sampling
+            state.load(tree.batch_size, temperature, None, None)  # checks, then writes
+            if generator is not None:  # as the engine's load: (seed, 0)
+                state.rng[0].fill_(_api.seed_of(generator) & _sampling.SEED_MASK)
+                state.rng[1].fill_(0)
+        plan.run(t, tree, acc, state)
+        if state is not None:
+            state.rng[1:].add_(1)  # the engine's advance after a sampled accept
+        # The commit calls (kept_slots, compact_kv, gather_hidden) and the readback are the
+        # engine's: they read the static buffers this round wrote.
+        self._engine.resume(self._round)
 
     def _publish(self, acc: Acceptance, readback: bool) -> None:
         if not readback:
