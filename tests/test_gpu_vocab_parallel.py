@@ -166,7 +166,8 @@ def run_stepper_rank(rank: int, tp: int, init: str, out_dir: str) -> None:
         want_kept, want_release = single.kept_slots(window)
         assert torch.equal(kept, want_kept) and torch.equal(release, want_release), rnd
         got, ref = sharded.readback(wait=True), single.readback(wait=True)
-        assert torch.equal(got["accept_len"], ref["accept_len"]), rnd
+        for name in ("accept_len", "accepted_tokens", "bonus", "status"):
+            assert torch.equal(got[name], ref[name]), (rnd, name)
     with pytest.raises(ValueError, match="^top_k: a vocab-parallel Stepper on CUDA"):
         sharded.accept(t[:, :, start : start + size], temperature=1.0, top_k=3)
     with open(os.path.join(out_dir, f"rank{rank}"), "w") as f:
@@ -184,36 +185,42 @@ def test_a_cuda_stepper_of_every_rank_steps_and_accepts_as_one_gpu_does(tp):
 def run_capture_rank(rank: int, tp: int, init: str, out_dir: str) -> None:
     """One rank over NCCL on this GPU: a Stepper(group=) round captured as a CUDA graph,
     the collectives inside it, replayed on new logits == a single-GPU Stepper's eager round
-    on the same logits."""
+    on the same logits, greedy and sampled (each replay's draws advance as each eager
+    accept's do)."""
     device = torch.device("cuda", rank)
     torch.cuda.set_device(device)
     dist.init_process_group("nccl", init_method=init, rank=rank, world_size=tp)
     bs, depth, vocab, budget = 2, 3, 600, 15
     kw = {"max_batch": bs, "budget": budget, "depth": depth, "vocab": vocab, "device": device}
-    single = ddtree.Stepper(**kw)
-    sharded = ddtree.Stepper(**kw, group=dist.group.WORLD)
-    x = draft_case(0, bs, depth, vocab, torch.float32).to(device)
-    x[torch.isnan(x)] = 0.0
-    roots = torch.tensor([1, 2], device=device)
-    prefix = torch.tensor([4, 9], device=device)
-    target = torch.zeros(bs, budget + 1, vocab, device=device)
-    sharded.step(x, roots, prefix)  # the layout, agreed eagerly
-    sharded.accept(target)
-    graph = sharded.capture(x, roots, prefix, lambda tree: target)
-    for rnd in range(1, 4):
-        x.copy_(draft_case(rnd, bs, depth, vocab, torch.float32).nan_to_num(0.0).to(device))
-        want = single.step(x, roots, prefix)
-        target.copy_(target_case(rnd, want, vocab).nan_to_num(0.0).to(device))
-        want_acc = single.accept(target)
-        sharded.replay(bs)
-        torch.cuda.synchronize(device)
-        assert same(graph.tree, want) and same(graph.acc, want_acc), rnd
+    checked = 0
+    for sampling in ({}, {"temperature": 0.8}):
+        single = ddtree.Stepper(**kw)
+        sharded = ddtree.Stepper(**kw, group=dist.group.WORLD)
+        x = draft_case(0, bs, depth, vocab, torch.float32).nan_to_num(0.0).to(device)
+        roots = torch.tensor([1, 2], device=device)
+        prefix = torch.tensor([4, 9], device=device)
+        target = torch.zeros(bs, budget + 1, vocab, device=device)
+        for stepper in (single, sharded):  # the layout agreed eagerly; the draws alike
+            stepper.step(x, roots, prefix)
+            stepper.accept(target, **sampling)
+        graph = sharded.capture(x, roots, prefix, lambda tree, t=target: t, **sampling)
+        single.step(x, roots, prefix)  # capture() ran one eager round before capturing
+        single.accept(target, **sampling)
+        for rnd in range(1, 4):
+            x.copy_(draft_case(rnd, bs, depth, vocab, torch.float32).nan_to_num(0.0))
+            want = single.step(x, roots, prefix)
+            target.copy_(target_case(rnd, want, vocab).nan_to_num(0.0))
+            want_acc = single.accept(target, **sampling)
+            sharded.replay(bs)
+            torch.cuda.synchronize(device)
+            assert same(graph.tree, want) and same(graph.acc, want_acc), (rnd, sampling)
+            checked += 1
     with open(os.path.join(out_dir, f"rank{rank}"), "w") as f:
-        f.write("3")
+        f.write(str(checked))
     dist.barrier()
     dist.destroy_process_group()
     os._exit(0)
 
 
 def test_a_group_stepper_round_captures_with_its_nccl_collectives():
-    assert spawn_ranks(run_capture_rank, 1) == ["3"]
+    assert spawn_ranks(run_capture_rank, 1) == ["6"]

@@ -12,11 +12,14 @@ shard.rs`). The accept gathers each node's best value and token per shard (12 by
 Supported here: CPU tensors (the gloo backend); greedy and temperature sampling on the shards
 (Gumbel-max keyed on the global token id, as the single-process CPU sampler draws), top-k /
 top-p by gathering the whole rows. CUDA tensors (NCCL, or gloo): the build
-(`build_into_cuda`, stage 1 as `ddtree._partials` parts; run on one H200 in session 18,
-ranks sharing it) and the accept (`accept_keys_cuda`: a greedy and a draw key per node and
-rank, 16 bytes, the walk on the GPU; run on one H200 in session 19, ranks sharing it). Every
-call first gathers each rank's argument checks (`agree`): a rank that refuses its arguments
-makes every rank raise, rather than leaving the others waiting in a collective.
+(`ShardBuild`: stage 1 as `ddtree._partials` parts) and the accept (`ShardKeys`: a greedy
+and a draw key per node and rank, 16 bytes, the walk on the GPU), both run on one H200
+with the ranks sharing it (sessions 18 and 19). Every functional call first gathers each
+rank's argument checks (`agree`): a rank that refuses its arguments makes every rank
+raise, rather than leaving the others waiting in a collective. A CUDA `Stepper(group=)`
+agrees so at the first step and accept of a shape only and keeps the plans, so that its
+later calls are kernels and in-place collectives (capturable with NCCL; written in
+session 19, not yet run on a GPU).
 """
 
 from __future__ import annotations
@@ -138,14 +141,17 @@ def build_tree(args: tuple, group, vocab_start, into=None) -> Tree:
     return build_into(x, roots, prefix, budget, topk, group, vocab_start, into)
 
 
-def agreed_build_args(args: tuple, group) -> tuple:
-    """`ddtree.build_tree`'s arguments checked on this rank, and the same on every rank
-    (shapes, dtype, roots, prefix lengths, budget): one collective and a host sync."""
+def agreed_build_args(args: tuple, group, also=None) -> tuple:
+    """`ddtree.build_tree`'s arguments checked on this rank (and by `also(x)`, a caller's
+    own check), and the same on every rank (shapes, dtype, roots, prefix lengths, budget):
+    one collective and a host sync; a rank whose check fails raises on every rank."""
     from ._api import check_build
 
     def check():
         x, roots, prefix, budget, topk = checked = check_build(*args, whole_vocab=False)
         check_device(x, "draft_logits")
+        if also is not None:
+            also(x)
         sig = [*x.shape[:2], budget, topk or 0, DTYPES.index(x.dtype), checksum(roots),
                checksum(prefix), x.device.type == "cuda"]  # fmt: skip
         return checked, sig
@@ -300,6 +306,22 @@ def whole_rows(t: torch.Tensor, group, vocab_start) -> torch.Tensor:
     return out
 
 
+def agreed_target(tree: Tree, target, group, also=None) -> torch.Tensor:
+    """The target shard checked on this rank (and by `also(t)`) against `tree`, with the
+    same shape, dtype and tree on every rank: one collective and a host sync."""
+    from ._api import check_target
+
+    def check():
+        t = check_target(tree, target, whole_vocab=False)
+        check_device(t, "target_logits")
+        if also is not None:
+            also(t)
+        sig = [*t.shape[:2], DTYPES.index(t.dtype), checksum(tree.verify_ids)]
+        return t, sig + [int(t.device.type == "cuda")]
+
+    return agree(group, check)
+
+
 def accept_into(tree: Tree, target, acc: Acceptance, group, vocab_start, sampling) -> None:
     """SPEC stage 4 over shards: `target` is this rank's shard, `sampling` the (temperature,
     top_k, top_p, generator) of `ddtree.accept_tree`. The seed is group rank 0's, so the
@@ -386,7 +408,8 @@ def gather_into(out: torch.Tensor, mine: torch.Tensor, group) -> None:
 def shard_keys(t: torch.Tensor, start: int, vocab: int, state, out=None) -> torch.Tensor:
     """This shard's keys ``[2, bs, Q]`` (int64 holding uint64), into `out` or a new tensor:
     each node's greedy key, then its draw key (0 for a greedy request or with no
-    contender); `state` a ``SamplingState`` (temperature alone is read) or None for greedy."""
+    contender); `state` a ``SamplingState`` (its temperature and generator are read) or None
+    for greedy."""
     keys = torch.empty(2, *t.shape[:2], dtype=torch.int64, device=t.device) if out is None else out
     _core.cuda_shard_keys(*_cuda.launch_on(t.device), t, start, vocab, keys[0], keys[1], state)
     return keys

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from . import _api, _attention, _buffers, _commit, _cuda, _sampling, _validate, _vocab_parallel
@@ -57,6 +59,9 @@ class Stepper:
         self._shard_builds: dict[tuple, _vocab_parallel.ShardBuild] = {}
         self._shard_keys: dict[tuple, _vocab_parallel.ShardKeys] = {}
         _vocab_parallel.no_vocab_start(group, vocab_start)
+        if group is not None and self._cuda:
+            # Sampled accepts draw from each rank's own generator state: one seed for all.
+            _vocab_parallel.agree(group, lambda: (None, [int(seed) & _sampling.SEED_MASK]))
         if self._cuda:
             self._check_cuda_limits()
             _cuda.prepare(self.device)
@@ -185,16 +190,18 @@ class Stepper:
         collectives only (capturable with NCCL). The ranks must then pass the same roots
         and prefix lengths: comparing them again would sync."""
         args = (draft_logits, root_tokens, prefix_lens, self.budget, self.topk)
-        x, roots, prefix, _, _ = _api.check_build(*args, whole_vocab=False)
-        self._check_shard(x, "draft_logits")
-        plan = self._shard_builds.get(tuple(x.shape))
-        if plan is None:
+        plan = self._shard_builds.get(tuple(getattr(draft_logits, "shape", ())))
+        if plan is None:  # every check inside the agreement: no rank is left waiting
             self._agree_outside_capture("step")
-            x, roots, prefix, _, _ = _vocab_parallel.agreed_build_args(args, self._group)
+            also = lambda x: self._check_shard(x, "draft_logits")  # noqa: E731
+            x, roots, prefix, _, _ = _vocab_parallel.agreed_build_args(args, self._group, also)
             plan = _vocab_parallel.ShardBuild(x.shape, self.budget, self.topk, self._group,
                                               self._vocab_start, self.device)  # fmt: skip
             self._check_vocab(plan.vocab, "draft_logits")
             self._shard_builds[tuple(x.shape)] = plan
+        else:
+            x, roots, prefix, _, _ = _api.check_build(*args, whole_vocab=False)
+            self._check_shard(x, "draft_logits")
         bs, depth, _ = x.shape
         tree, self._next_acc = self._views((bs, depth, plan.k))
         plan.run(x, roots, prefix, tree)
@@ -304,23 +311,25 @@ class Stepper:
         seed draws. The first accept of a shape agrees on the layout (host syncs); later
         ones launch and gather in place. top_k / top_p need whole rows: refused here
         (`ddtree.accept_tree(group=)` gathers them)."""
-        for name, value in (("top_k", top_k), ("top_p", top_p)):
-            if value is not None:
-                raise ValueError(f"{name}: a vocab-parallel Stepper on CUDA samples by "
-                                 "temperature only; ddtree.accept_tree(group=) gathers whole "
-                                 "rows for top-k / top-p")  # fmt: skip
+        greedy = _sampling.is_greedy_number(temperature)
+        if not greedy:
+            refuse_row_filter("top_k", top_k, lambda v: v <= 0)
+            refuse_row_filter("top_p", top_p, lambda v: v >= 1)
         tree, acc = self._tree, self._next_acc
-        t = _api.check_target(tree, target_logits, whole_vocab=False)
-        self._check_shard(t, "target_logits")
-        plan = self._shard_keys.get(tuple(t.shape))
-        if plan is None:
+        plan = self._shard_keys.get(tuple(getattr(target_logits, "shape", ())))
+        if plan is None:  # every check inside the agreement, as the step's
             self._agree_outside_capture("accept")
+            also = lambda t: self._check_shard(t, "target_logits")  # noqa: E731
+            t = _vocab_parallel.agreed_target(tree, target_logits, self._group, also)
             plan = _vocab_parallel.ShardKeys(t.shape, self._group, self._vocab_start,
                                              self.device)  # fmt: skip
             self._check_vocab(plan.vocab, "target_logits")
             self._shard_keys[tuple(t.shape)] = plan
+        else:
+            t = _api.check_target(tree, target_logits, whole_vocab=False)
+            self._check_shard(t, "target_logits")
         state = None
-        if not _sampling.is_greedy_number(temperature):
+        if not greedy:
             state = self._sampling
             state.load(tree.batch_size, temperature, None, None)  # checks, then writes
             if generator is not None:  # as the engine's load: (seed, 0)
@@ -420,7 +429,7 @@ class Stepper:
         if graph is None:
             raise ValueError(f"bs: no round captured for batch size {bs}; call capture() first")
         graph.graph.replay()
-        self._tree, self._acc = graph.tree, graph.acc
+        self._tree, self._acc, self._round = graph.tree, graph.acc, graph.round
         self._next_acc = graph.acc
         self._engine.resume(graph.round)
         return graph
@@ -570,6 +579,7 @@ class Stepper:
         if self._cuda and self._ring is not None:
             torch.cuda.synchronize(self.device)
         self._tree_bufs = self._acc_bufs = None
+        self._shard_builds, self._shard_keys = {}, {}
         self._tree = self._acc = self._next_acc = None
         self._trees.clear()
         self._accs.clear()
@@ -582,3 +592,12 @@ class Stepper:
     def _check_open(self) -> None:
         if self._tree_bufs is None:
             raise RuntimeError("Stepper: used after close()")
+
+
+def refuse_row_filter(name: str, value, off) -> None:
+    """A CUDA Stepper(group=) samples by temperature alone: a top-k / top-p value that
+    filters (a tensor, or a number not `off`) needs whole rows."""
+    if value is None or (isinstance(value, numbers.Real) and off(value)):
+        return
+    raise ValueError(f"{name}: a vocab-parallel Stepper on CUDA samples by temperature only; "
+                     "ddtree.accept_tree(group=) gathers whole rows for top-k / top-p")  # fmt: skip
