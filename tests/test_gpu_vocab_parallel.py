@@ -6,8 +6,8 @@ single-GPU `build_tree` / `accept_tree` on the whole rows, bit for bit.
 
 With as many GPUs as ranks the ranks use NCCL, one GPU each (the two-GPU issue's run);
 with one GPU they share it through gloo. Marked `gpu`: skipped without CUDA. The build's
-and the accept's tests ran on one H200 (sessions 18 and 19); the CUDA `Stepper(group=)`
-tests were written in session 19 and have not yet run.
+and the accept's tests ran on one H200 (sessions 18 and 19), the CUDA `Stepper(group=)`
+tests in session 20.
 """
 
 from __future__ import annotations

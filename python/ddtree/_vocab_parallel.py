@@ -18,8 +18,8 @@ with the ranks sharing it (sessions 18 and 19). Every functional call first gath
 rank's argument checks (`agree`): a rank that refuses its arguments makes every rank
 raise, rather than leaving the others waiting in a collective. A CUDA `Stepper(group=)`
 agrees so at the first step and accept of a shape only and keeps the plans, so that its
-later calls are kernels and in-place collectives (capturable with NCCL; written in
-session 19, not yet run on a GPU).
+later calls are kernels and in-place collectives (capturable with NCCL; run on one H200
+in session 20: 2 and 3 ranks over gloo, a captured round over NCCL with one rank).
 """
 
 from __future__ import annotations
