@@ -3,6 +3,7 @@
 // Stage 1 as partials (include/ddtree/partials.cuh): blockIdx (row, part) for the parts
 // and their sums, one block per row for the merge.
 #include "ddtree/candidates.cuh"
+#include "ddtree/candidates_cluster.cuh"
 #include "ddtree/params.h"
 #include "ddtree/partials.cuh"
 
@@ -24,6 +25,28 @@
 DDTREE_CANDIDATES(ddtree_candidates_f32, float)
 DDTREE_CANDIDATES(ddtree_candidates_f16, __half)
 DDTREE_CANDIDATES(ddtree_candidates_bf16, __nv_bfloat16)
+
+// The same rows, each spread over a cluster of kCandCluster blocks (candidates_cluster.cuh):
+// blockIdx.x / kCandCluster is the row.
+#define DDTREE_CANDIDATES_CLUSTER(NAME, T)                                                  \
+  extern "C" __global__ void __cluster_dims__(ddtree::kCandCluster, 1, 1)                  \
+      __launch_bounds__(ddtree::kCandThreads) NAME(const __grid_constant__ ddtree::BuildParams p) { \
+    extern __shared__ __align__(16) char smem[];                                            \
+    __shared__ ddtree::ClusterSlot slot;                                                    \
+    ddtree::CandShared& s = *reinterpret_cast<ddtree::CandShared*>(smem);                    \
+    const int row = blockIdx.x / ddtree::kCandCluster;                                      \
+    const int b = row / p.L, d = row % p.L;                                                 \
+    const T* r = static_cast<const T*>(p.logits) + static_cast<long long>(b) * p.s0 +       \
+                 static_cast<long long>(d) * p.s1;                                          \
+    const long long at = static_cast<long long>(row) * p.K;                                 \
+    ddtree::candidates_cluster_row<T>(r, p.s2, p.V, p.K, p.out.topk_logprobs + at,         \
+                                      p.out.topk_ids + at, p.scratch.eligible + row,        \
+                                      p.scratch.bad + row, s, slot);                        \
+  }
+
+DDTREE_CANDIDATES_CLUSTER(ddtree_candidates_cluster_f32, float)
+DDTREE_CANDIDATES_CLUSTER(ddtree_candidates_cluster_f16, __half)
+DDTREE_CANDIDATES_CLUSTER(ddtree_candidates_cluster_bf16, __nv_bfloat16)
 
 namespace ddtree {
 

@@ -153,6 +153,34 @@ def test_parallel_selection_equals_the_best_first_warp(chunk):
         assert_same_tree(parallel, best_first_tree(x, roots, prefix, budget, topk))
 
 
+def one_block_a_row_tree(x, roots, prefix, budget, topk) -> ddtree.Tree:
+    """The GPU build with stage 1 one block a row (stage bit 16), where the launcher would
+    spread each row over a cluster of blocks."""
+    bs, depth, vocab = x.shape
+    k = _api.k_of(budget, vocab, topk)
+    tree = _buffers.new_tree(bs, depth, k, budget, x.device)
+    scratch = _cuda.new_scratch(bs * depth, x.device)
+    _cuda.launch_build(tree, scratch, x, roots, prefix, budget, k, stages=7 | 16)
+    return tree
+
+
+@pytest.mark.parametrize("chunk", range(3))
+def test_stage1_over_a_cluster_equals_one_block_a_row(chunk):
+    """Few rows (bs <= 8: fewer than the H200's SMs) of V >= 4096 take the clustered
+    stage-1 kernel; bit for bit the one-block kernel's tree, over 3 x 60 random batches:
+    every kind (ties across the blocks' chunks, all-equal rows that overflow a chunk's tie
+    store), dtype, K up to 1023, strided views and NaN/+inf rows."""
+    rng = np.random.default_rng(7000 + chunk)
+    for case in range(60):
+        kind, _, budget, topk, dtype = random_case(rng, case)
+        vocab = int(rng.choice([4096, 5000, 8200, 40000, 151936]))
+        shape = (int(rng.integers(1, 9)), int(rng.integers(1, 16)), vocab)
+        x, roots, prefix = make_inputs(rng, kind, shape, dtype, case % 5 == 1, case % 7 == 0)
+        x, roots, prefix = x.to(DEV), roots.to(DEV), prefix.to(DEV)
+        clustered = ddtree.build_tree(x, roots, prefix, budget=budget, topk=topk)
+        assert_same_tree(clustered, one_block_a_row_tree(x, roots, prefix, budget, topk))
+
+
 @pytest.mark.parametrize(
     "shape, budget",
     [

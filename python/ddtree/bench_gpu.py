@@ -1,15 +1,16 @@
 """``python -m ddtree bench --device cuda``: the GPU build (SPEC stages 1–3) against the
 paths it replaces, measured in one run.
 
-Per (bs, B): GPU time of each stage (the selection both ways: the parallel threshold
-search and the best-first warp it replaced) and of the whole build (CUDA events around replays of a
-captured graph, median), host time per ``Stepper.step()`` call, and, in the same run:
-stock ``torch.topk`` + ``torch.logsumexp``; the CPU path SGLang runs today (top-K and
-logsumexp on the GPU, copy to host, a Python heap and visibility mask per request, copy
-back); the Rust CPU path of this package on host copies of the logits; and, where SGLang
-0.5.23's UNO builder is found (``--uno``; `bench_uno`) and its limits allow the shape (Q ≤ 128,
-Q·K ≤ 2048), UNO's whole build with K candidates per depth, its top-k alone, and ddtree's
-whole build with the same top-k cap K.
+Per (bs, B): GPU time of each stage (stage 1 both ways where few rows spread each row over
+a cluster of blocks: clustered and one block a row; the selection both ways: the parallel
+threshold search and the best-first warp it replaced) and of the whole build (CUDA events
+around replays of a captured graph, median), host time per ``Stepper.step()`` call, and,
+in the same run: stock ``torch.topk`` + ``torch.logsumexp``; the CPU path SGLang runs
+today (top-K and logsumexp on the GPU, copy to host, a Python heap and visibility mask per
+request, copy back); the Rust CPU path of this package on host copies of the logits; and,
+where SGLang 0.5.23's UNO builder is found (``--uno``; `bench_uno`) and its limits allow
+the shape (Q ≤ 128, Q·K ≤ 2048), UNO's whole build with K candidates per depth, its top-k
+alone, and ddtree's whole build with the same top-k cap K.
 """
 
 from __future__ import annotations
@@ -30,9 +31,11 @@ from .bench import HelpFormatter
 from .stepper import Stepper
 
 # (column, stage bits of launch_build): 8 forces the best-first warp in place of the
-# parallel selection, timed in the same run for the ratio.
+# parallel selection, 16 stage 1 one block a row where few rows would spread over clusters,
+# each timed in the same run for the ratio.
 STAGES = (
     ("candidates", 1),
+    ("candidates_one_block", 1 | 16),
     ("select", 2),
     ("select_best_first", 2 | 8),
     ("emit", 4),
@@ -266,6 +269,7 @@ COLUMNS = (
     ("B", "B", "{:>5}"),
     ("precise", "precise rows", "{:>12.0%}"),
     ("candidates", "cand µs", "{:>8.1f}"),
+    ("candidates_one_block", "cand 1 block/row µs", "{:>19.1f}"),
     ("parts", "parts µs", "{:>8.1f}"),
     ("parts_chunk", "part", "{:>6}"),
     ("parts_match", "== cand", "{!s:>7}"),

@@ -46,9 +46,11 @@ impl Drop for ContextGuard {
 /// The kernels of one device.
 pub struct Device {
     pub ctx: Arc<CudaContext>,
-    pub candidates_f32: CUfunction,
-    pub candidates_f16: CUfunction,
-    pub candidates_bf16: CUfunction,
+    /// Stage 1 (f32, f16, bf16 each): one block a row, and a cluster of blocks a row.
+    pub candidates: [CUfunction; 3],
+    pub candidates_cluster: [CUfunction; 3],
+    /// Streaming multiprocessors: how many rows fill the GPU one block a row.
+    pub sms: u32,
     /// Stage 1 as partials (f32, f16, bf16 each): the parts, their sums, and the merge.
     pub partials: [CUfunction; 3],
     pub partial_sums: [CUfunction; 3],
@@ -156,6 +158,11 @@ impl Device {
             f(cand_module, "ddtree_candidates_f16")?,
             f(cand_module, "ddtree_candidates_bf16")?,
         ];
+        let cand_cluster = [
+            f(cand_module, "ddtree_candidates_cluster_f32")?,
+            f(cand_module, "ddtree_candidates_cluster_f16")?,
+            f(cand_module, "ddtree_candidates_cluster_bf16")?,
+        ];
         let partials = [
             f(cand_module, "ddtree_partials_f32")?,
             f(cand_module, "ddtree_partials_f16")?,
@@ -168,7 +175,12 @@ impl Device {
         ];
         let merge_partials = f(cand_module, "ddtree_merge_partials")?;
         allow_dynamic_smem(select_fn, crate::launch::MAX_DYNAMIC_SMEM)?;
-        for c in cand.into_iter().chain(partials).chain([merge_partials]) {
+        for c in cand
+            .into_iter()
+            .chain(cand_cluster)
+            .chain(partials)
+            .chain([merge_partials])
+        {
             allow_dynamic_smem(c, crate::launch::CANDIDATE_SMEM)?;
         }
         let accept_fns = [
@@ -205,9 +217,11 @@ impl Device {
                 f(attention, "ddtree_attention_merge_bf16")?,
                 f(attention, "ddtree_attention_merge_f16")?,
             ],
-            candidates_f32: cand[0],
-            candidates_f16: cand[1],
-            candidates_bf16: cand[2],
+            candidates: cand,
+            candidates_cluster: cand_cluster,
+            sms: ctx
+                .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+                .map_err(|e| CudaError::driver("cuDeviceGetAttribute", e))? as u32,
             partials,
             partial_sums,
             merge_partials,

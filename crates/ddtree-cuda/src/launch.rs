@@ -22,6 +22,19 @@ pub const SELECT_STORE_CAP: usize = 4096;
 /// Threads per block of the emit and mask kernels.
 pub const EMIT_THREADS: u32 = 256;
 
+/// Blocks a row of the clustered stage-1 kernel (`kCandCluster`).
+pub const CANDIDATE_CLUSTER: u32 = 8;
+/// The smallest vocabulary the clustered kernel takes (`kClusterMinVocab`: every block's
+/// chunk then holds a token).
+pub const CLUSTER_MIN_VOCAB: usize = 4096;
+
+/// Whether stage 1 spreads each row over a cluster of [`CANDIDATE_CLUSTER`] blocks: when
+/// one block a row would leave SMs idle (fewer rows than `sms`) and the rows are long
+/// enough to split. The output is the same either way.
+pub fn cluster_rows(shape: &BuildShape, sms: u32) -> bool {
+    shape.vocab >= CLUSTER_MIN_VOCAB && ((shape.bs * shape.depth) as u64) < u64::from(sms)
+}
+
 /// The shapes of one GPU build.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BuildShape {
@@ -108,6 +121,26 @@ mod tests {
             budget,
             k,
         }
+    }
+
+    #[test]
+    fn rows_spread_over_clusters_only_where_they_leave_sms_idle() {
+        let rows = |bs, depth, vocab| BuildShape {
+            bs,
+            depth,
+            vocab,
+            ..shape(63, 63)
+        };
+        // The H200's 132 SMs: bs = 1 and 8 (15 and 120 rows) cluster, bs = 9 does not.
+        assert!(cluster_rows(&rows(1, 15, 151936), 132));
+        assert!(cluster_rows(&rows(8, 15, 151936), 132));
+        assert!(!cluster_rows(&rows(9, 15, 151936), 132));
+        assert!(!cluster_rows(&rows(64, 15, 151936), 132));
+        // RTX PRO 6000 Blackwell: 188 SMs.
+        assert!(cluster_rows(&rows(12, 15, 163840), 188));
+        // Rows too short to give every block of a cluster a chunk stay one block a row.
+        assert!(!cluster_rows(&rows(1, 15, CLUSTER_MIN_VOCAB - 1), 132));
+        assert!(cluster_rows(&rows(1, 15, CLUSTER_MIN_VOCAB), 132));
     }
 
     #[test]

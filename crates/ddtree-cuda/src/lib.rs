@@ -243,6 +243,9 @@ pub const ALL_STAGES: u32 = 7;
 /// With [`STAGE_SELECT`]: select by the best-first warp instead of the parallel threshold
 /// search (the same tree; for benchmarks and tests).
 pub const SELECT_BEST_FIRST: u32 = 8;
+/// With [`STAGE_CANDIDATES`]: one block a row even where the launcher would spread each row
+/// over a cluster (the same output; for benchmarks and tests).
+pub const CANDIDATES_ONE_BLOCK: u32 = 16;
 
 /// SPEC stages 1–3 on device `ordinal`, launched on `stream` (PyTorch's current stream).
 ///
@@ -309,7 +312,8 @@ impl Kernel {
 }
 
 /// The launches of the stages in `stages` (bits 1 | 2 | 4), in order: stage 1 one block per
-/// (request, depth) row, stages 2 and 3 one block per request.
+/// (request, depth) row, or a cluster of blocks per row where there are fewer rows than
+/// SMs (`launch::cluster_rows`), stages 2 and 3 one block per request.
 pub(crate) fn build_kernels(
     dev: &Device,
     shape: &BuildShape,
@@ -317,17 +321,23 @@ pub(crate) fn build_kernels(
     stages: u32,
 ) -> Vec<Kernel> {
     let (bs, rows) = (shape.bs as u32, (shape.bs * shape.depth) as u32);
-    let candidates = match dtype {
-        Dtype::F32 => dev.candidates_f32,
-        Dtype::F16 => dev.candidates_f16,
-        Dtype::Bf16 => dev.candidates_bf16,
+    let index = match dtype {
+        Dtype::F32 => 0,
+        Dtype::F16 => 1,
+        Dtype::Bf16 => 2,
+    };
+    let clustered = stages & CANDIDATES_ONE_BLOCK == 0 && launch::cluster_rows(shape, dev.sms);
+    let (candidates, blocks_a_row) = if clustered {
+        (dev.candidates_cluster[index], launch::CANDIDATE_CLUSTER)
+    } else {
+        (dev.candidates[index], 1)
     };
     let all = [
         (
             STAGE_CANDIDATES,
             "cuLaunchKernel(candidates)",
             candidates,
-            rows,
+            rows * blocks_a_row,
             CANDIDATE_THREADS,
             launch::CANDIDATE_SMEM,
         ),

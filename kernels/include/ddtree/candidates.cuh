@@ -333,13 +333,21 @@ __device__ void write_candidates(const T* __restrict__ row, long long stride, in
 }
 
 // Stage 1's two reads of `V` tokens (a row, or a chunk of one) for their top K, K <= V:
-// pass 1 finds NaN / +inf and the maximum (into *max_out); pass 2 calls each(x, shift, grade)
-// on every value, shift being the maximum (0 when every value is -inf) and grade the row's
-// normaliser grade as a type (fixed_sum.cuh: the loop is compiled once per grade, so a
-// term pays for its own grade only), and collects the top K into s.cand, unsorted. Returns 1, with nothing collected, when a NaN or +inf was seen.
-template <typename T, typename Each>
+// pass 1 finds NaN / +inf and the maximum; `combine(m, bad)` may then widen both to a whole
+// row that several blocks share (candidates_cluster.cuh), and *max_out gets the result;
+// pass 2 calls each(x, shift, grade) on every value, shift being that maximum (0 when
+// every value is -inf) and grade the row's normaliser grade as a type (fixed_sum.cuh: the
+// loop is compiled once per grade, so a term pays for its own grade only), and collects
+// the top K into s.cand, unsorted. Returns 1, with nothing collected, when a NaN or +inf
+// was seen.
+struct OneBlock {  // the default `combine`: the block reads the whole row
+  __device__ void operator()(float&, int&) const {}
+};
+
+template <typename T, typename Each, typename Combine = OneBlock>
 __device__ int top_k_pass(const T* __restrict__ row, long long stride, int V, int K,
-                          CandShared& s, float* max_out, Each&& each) {
+                          CandShared& s, float* max_out, Each&& each,
+                          Combine&& combine = Combine{}) {
   if (threadIdx.x == 0) s.count = s.tie_count = 0;
   int local_bad = 0;
   float local_max = -INFINITY;
@@ -347,8 +355,9 @@ __device__ int top_k_pass(const T* __restrict__ row, long long stride, int V, in
     local_bad |= (isnan(x) || x == INFINITY) ? 1 : 0;
     local_max = fmaxf(local_max, x);
   });
-  const int bad = block_any(local_bad, s.iscratch);
-  const float m = block_max(local_max, s.fscratch);
+  int bad = block_any(local_bad, s.iscratch);
+  float m = block_max(local_max, s.fscratch);
+  combine(m, bad);
   *max_out = m;
   if (bad) return 1;
   const float shift = (m == -INFINITY) ? 0.0f : m;  // all -inf: every term is 0

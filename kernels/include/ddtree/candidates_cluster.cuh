@@ -1,0 +1,147 @@
+// SPEC stage 1 with a row spread over a cluster of kCandCluster blocks: for batches too
+// small to fill the GPU with one block a row (bs = 1: 15 rows for 132 SMs). Block `rank`
+// reads its 1/kCandCluster of the row; the blocks exchange through distributed shared
+// memory, in one launch:
+//   1. each block's maximum and NaN/+inf flag, combined: the row's (top_k_pass's
+//      `combine`), so every block sums against the row's maximum in the row's grade;
+//   2. each block's top K of its chunk (global ids) and fixed-point sum;
+//   3. block 0 takes the top K of the blocks' lists and adds their sums, then writes as
+//      candidates_row does.
+// The rank order is comparisons only and the sum is integer (fixed_sum.cuh), so the result
+// is the one-block kernel's, bit for bit.
+#pragma once
+#include <cooperative_groups.h>
+
+#include "candidates.cuh"
+
+namespace ddtree {
+
+namespace cg = cooperative_groups;
+
+constexpr int kCandCluster = 8;  // the portable cluster size (sm_90 and sm_120)
+
+// What a block publishes to its cluster (static shared memory).
+struct ClusterSlot {
+  float max;      // the chunk's maximum, then (row_max) the row's
+  int bad;        // the chunk saw NaN or +inf, then (row_bad) the row did
+  float row_max;
+  int row_bad;
+  U128 sum;  // the chunk's fixed-point sum
+  int k;     // entries of the chunk's list (s.cand)
+};
+
+// top_k_pass's `combine`: the row's maximum and flag from every block's. Two cluster
+// barriers: the second keeps each slot alive until every block has read it.
+struct RowOverCluster {
+  ClusterSlot& slot;
+
+  __device__ void operator()(float& m, int& bad) const {
+    cg::cluster_group cluster = cg::this_cluster();
+    if (threadIdx.x == 0) {
+      slot.max = m;
+      slot.bad = bad;
+    }
+    cluster.sync();
+    if (threadIdx.x < kWarp) {
+      float rm = -INFINITY;
+      int rb = 0;
+      if (threadIdx.x < kCandCluster) {
+        const ClusterSlot* other = cluster.map_shared_rank(&slot, threadIdx.x);
+        rm = other->max;
+        rb = other->bad;
+      }
+      for (int o = 16; o > 0; o >>= 1) {
+        rm = fmaxf(rm, __shfl_xor_sync(0xffffffffu, rm, o));
+        rb |= __shfl_xor_sync(0xffffffffu, rb, o);
+      }
+      if (threadIdx.x == 0) {
+        slot.row_max = rm;
+        slot.row_bad = rb;
+      }
+    }
+    cluster.sync();
+    m = slot.row_max;
+    bad = slot.row_bad;
+  }
+};
+
+// The first token and length of block `rank`'s chunk: 16-token multiples, so every chunk
+// of an aligned unit-stride row starts 16-byte aligned for for_each_in_row's vector loads.
+// The launcher takes this path only for V >= kClusterMinVocab, where every chunk has a
+// token.
+constexpr int kClusterMinVocab = 4096;
+
+__device__ __forceinline__ int2 cluster_chunk(int V, int rank) {
+  const int chunk = ((V + kCandCluster - 1) / kCandCluster + 15) / 16 * 16;
+  const int first = rank * chunk;
+  return {first, max(0, min(chunk, V - first))};
+}
+
+// Block 0: every block's list into s.ties and the sum of their sums; returns the entries.
+__device__ int gather_lists(ClusterSlot& slot, CandShared& s, U128* total) {
+  cg::cluster_group cluster = cg::this_cluster();
+  int at = 0;
+  U128 sum{0ull, 0ull};
+  for (int r = 0; r < kCandCluster; ++r) {
+    const ClusterSlot* other = cluster.map_shared_rank(&slot, r);
+    const uint64_t* list = cluster.map_shared_rank(s.cand, r);
+    const int k = other->k;
+    for (int i = threadIdx.x; i < k; i += blockDim.x) s.ties[at + i] = list[i];
+    at += k;
+    sum = add128(sum, other->sum);
+  }
+  *total = sum;
+  return at;
+}
+
+// Row outputs as candidates_row writes them, from the cluster's blocks; `row` is the
+// whole row, every block of the cluster calls this.
+template <typename T>
+__device__ void candidates_cluster_row(const T* __restrict__ row, long long stride, int V,
+                                       int K, float* __restrict__ lp,
+                                       long long* __restrict__ ti, int* __restrict__ eligible,
+                                       int* __restrict__ bad, CandShared& s,
+                                       ClusterSlot& slot) {
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int2 part = cluster_chunk(V, rank);
+  const int k = min(K, part.y);
+  U128 sum{0ull, 0ull};
+  float m;
+  const auto add_term = [&](float x, float shift, auto grade) {
+    sum = add128(sum, fixed_term(x, shift, grade));
+  };
+  const T* chunk = row + static_cast<long long>(part.x) * stride;
+  if (top_k_pass(chunk, stride, part.y, k, s, &m, add_term, RowOverCluster{slot})) {
+    if (rank != 0) return;  // the flag is the row's: every block returns here
+    for (int r = threadIdx.x; r < K; r += blockDim.x) {
+      lp[r] = -INFINITY;
+      ti[r] = -1;
+    }
+    if (threadIdx.x == 0) {
+      *eligible = 0;
+      *bad = 1;
+    }
+    return;
+  }
+  sum = block_sum128(sum, s.uscratch);
+  // The list's ids are the chunk's: (key, ~id) less the chunk's first token is the global.
+  for (int i = threadIdx.x; i < k; i += blockDim.x) s.cand[i] -= static_cast<uint64_t>(part.x);
+  if (threadIdx.x == 0) {
+    slot.sum = sum;
+    slot.k = k;
+    s.count = 0;
+  }
+  cluster.sync();
+  int entries = 0;
+  U128 total{0ull, 0ull};
+  if (rank == 0) entries = gather_lists(slot, s, &total);
+  cluster.sync();  // no block leaves while block 0 may read its shared memory
+  if (rank != 0) return;
+  take_top_ties(s, entries, K, 0);  // every chunk's list holds its share of the top K
+  __syncthreads();
+  const float z = (m == -INFINITY) ? -INFINITY : fixed_normaliser(m, total);
+  write_candidates(row, stride, K, z, lp, ti, eligible, bad, s);
+}
+
+}  // namespace ddtree
