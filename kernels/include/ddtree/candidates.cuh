@@ -305,17 +305,16 @@ __device__ void radix_select_row(const T* __restrict__ row, long long stride, in
   }
 }
 
-// Sorts the K collected candidates and writes the row's log-probs and ids.
+// Writes the row's log-probs and ids from `sorted` (K candidates in rank order).
 template <typename T>
-__device__ void write_candidates(const T* __restrict__ row, long long stride, int K, float z,
-                                 float* __restrict__ lp, long long* __restrict__ ti,
-                                 int* __restrict__ eligible, int* __restrict__ bad,
-                                 CandShared& s) {
-  sort_candidates(s, K);
+__device__ void write_sorted(const T* __restrict__ row, long long stride, int K, float z,
+                             const uint64_t* sorted, float* __restrict__ lp,
+                             long long* __restrict__ ti, int* __restrict__ eligible,
+                             int* __restrict__ bad, CandShared& s) {
   const uint32_t ninf = neg_inf_key();
   int local_elig = 0;
   for (int r = threadIdx.x; r < K; r += blockDim.x) {
-    const uint64_t c = s.cand[r];
+    const uint64_t c = sorted[r];
     const int id = static_cast<int>(0xffffffffu - static_cast<uint32_t>(c));
     const bool finite = static_cast<uint32_t>(c >> 32) != ninf;
     // Re-read the value: the key merged -0.0 into 0.0, the subtraction must not.
@@ -330,6 +329,16 @@ __device__ void write_candidates(const T* __restrict__ row, long long stride, in
     *eligible = total_elig;
     *bad = 0;
   }
+}
+
+// Sorts the K collected candidates and writes the row's log-probs and ids.
+template <typename T>
+__device__ void write_candidates(const T* __restrict__ row, long long stride, int K, float z,
+                                 float* __restrict__ lp, long long* __restrict__ ti,
+                                 int* __restrict__ eligible, int* __restrict__ bad,
+                                 CandShared& s) {
+  sort_candidates(s, K);
+  write_sorted(row, stride, K, z, s.cand, lp, ti, eligible, bad, s);
 }
 
 // Stage 1's two reads of `V` tokens (a row, or a chunk of one) for their top K, K <= V:

@@ -5,8 +5,8 @@
 //   1. each block's maximum and NaN/+inf flag, combined: the row's (top_k_pass's
 //      `combine`), so every block sums against the row's maximum in the row's grade;
 //   2. each block's top K of its chunk (global ids) and fixed-point sum;
-//   3. block 0 takes the top K of the blocks' lists and adds their sums, then writes as
-//      candidates_row does.
+//   3. block 0 merges the blocks' sorted lists (each entry ranked by binary searches in the
+//      others) and adds their sums, then writes as candidates_row does.
 // The rank order is comparisons only and the sum is integer (fixed_sum.cuh), so the result
 // is the one-block kernel's, bit for bit.
 #pragma once
@@ -77,21 +77,50 @@ __device__ __forceinline__ int2 cluster_chunk(int V, int rank) {
   return {first, max(0, min(chunk, V - first))};
 }
 
-// Block 0: every block's list into s.ties and the sum of their sums; returns the entries.
-__device__ int gather_lists(ClusterSlot& slot, CandShared& s, U128* total) {
+// Block 0: every block's sorted list into s.ties (list r from at[r], at[kCandCluster] the
+// total; thread 0 writes `at`, the caller's barrier publishes it) and the sum of their sums.
+__device__ U128 gather_lists(ClusterSlot& slot, CandShared& s, int* at) {
   cg::cluster_group cluster = cg::this_cluster();
-  int at = 0;
   U128 sum{0ull, 0ull};
+  int from = 0;
   for (int r = 0; r < kCandCluster; ++r) {
     const ClusterSlot* other = cluster.map_shared_rank(&slot, r);
     const uint64_t* list = cluster.map_shared_rank(s.cand, r);
     const int k = other->k;
-    for (int i = threadIdx.x; i < k; i += blockDim.x) s.ties[at + i] = list[i];
-    at += k;
+    for (int i = threadIdx.x; i < k; i += blockDim.x) s.ties[from + i] = list[i];
+    if (threadIdx.x == 0) at[r] = from;
+    from += k;
     sum = add128(sum, other->sum);
   }
-  *total = sum;
-  return at;
+  if (threadIdx.x == 0) at[kCandCluster] = from;
+  return sum;
+}
+
+// Entries of the descending list [lo, hi) greater than c.
+__device__ __forceinline__ int count_above(const uint64_t* list, int lo, int hi, uint64_t c) {
+  const int begin = lo;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (list[mid] > c) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo - begin;
+}
+
+// The row's top K, in rank order, into s.cand: an entry's rank is its place in its own
+// list plus the entries of the other lists above it (the keys are distinct), found by
+// binary search; one step, no select passes.
+__device__ void merge_lists(CandShared& s, const int* at, int K) {
+  for (int e = threadIdx.x; e < at[kCandCluster]; e += blockDim.x) {
+    int r = 0;
+    while (at[r + 1] <= e) ++r;
+    const uint64_t c = s.ties[e];
+    int rank = e - at[r];
+    for (int o = 0; o < kCandCluster && rank < K; ++o) {
+      if (o != r) rank += count_above(s.ties, at[o], at[o + 1], c);
+    }
+    if (rank < K) s.cand[rank] = c;
+  }
 }
 
 // Row outputs as candidates_row writes them, from the cluster's blocks; `row` is the
@@ -125,23 +154,24 @@ __device__ void candidates_cluster_row(const T* __restrict__ row, long long stri
     return;
   }
   sum = block_sum128(sum, s.uscratch);
-  // The list's ids are the chunk's: (key, ~id) less the chunk's first token is the global.
+  sort_candidates(s, k);
+  // The list's ids are the chunk's: (key, ~id) less the chunk's first token is the global
+  // (the order stays: keys with equal values keep ids ascending).
   for (int i = threadIdx.x; i < k; i += blockDim.x) s.cand[i] -= static_cast<uint64_t>(part.x);
   if (threadIdx.x == 0) {
     slot.sum = sum;
     slot.k = k;
-    s.count = 0;
   }
   cluster.sync();
-  int entries = 0;
+  __shared__ int at[kCandCluster + 1];
   U128 total{0ull, 0ull};
-  if (rank == 0) entries = gather_lists(slot, s, &total);
+  if (rank == 0) total = gather_lists(slot, s, at);
   cluster.sync();  // no block leaves while block 0 may read its shared memory
   if (rank != 0) return;
-  take_top_ties(s, entries, K, 0);  // every chunk's list holds its share of the top K
+  merge_lists(s, at, K);  // every chunk's list holds its share of the top K
   __syncthreads();
   const float z = (m == -INFINITY) ? -INFINITY : fixed_normaliser(m, total);
-  write_candidates(row, stride, K, z, lp, ti, eligible, bad, s);
+  write_sorted(row, stride, K, z, s.cand, lp, ti, eligible, bad, s);
 }
 
 }  // namespace ddtree
