@@ -7,15 +7,25 @@
 #include "ddtree/params.h"
 #include "ddtree/partials.cuh"
 
+namespace ddtree {
+
+// Row `row` = b * L + d of the draft logits: logits + b*s0 + d*s1.
+template <typename T>
+__device__ __forceinline__ const T* row_of(const BuildParams& p, int row) {
+  const int b = row / p.L, d = row % p.L;
+  return static_cast<const T*>(p.logits) + static_cast<long long>(b) * p.s0 +
+         static_cast<long long>(d) * p.s1;
+}
+
+}  // namespace ddtree
+
 #define DDTREE_CANDIDATES(NAME, T)                                                          \
   extern "C" __global__ void __launch_bounds__(ddtree::kCandThreads)                      \
       NAME(const __grid_constant__ ddtree::BuildParams p) {                               \
     extern __shared__ __align__(16) char smem[];                                            \
     ddtree::CandShared& s = *reinterpret_cast<ddtree::CandShared*>(smem);                    \
     const int row = blockIdx.x;                                                             \
-    const int b = row / p.L, d = row % p.L;                                                 \
-    const T* r = static_cast<const T*>(p.logits) + static_cast<long long>(b) * p.s0 +       \
-                 static_cast<long long>(d) * p.s1;                                          \
+    const T* r = ddtree::row_of<T>(p, row);                                                 \
     const long long at = static_cast<long long>(row) * p.K;                                 \
     ddtree::candidates_row<T>(r, p.s2, p.V, p.K, p.out.topk_logprobs + at,                 \
                               p.out.topk_ids + at, p.scratch.eligible + row,                \
@@ -35,9 +45,7 @@ DDTREE_CANDIDATES(ddtree_candidates_bf16, __nv_bfloat16)
     __shared__ ddtree::ClusterSlot slot;                                                    \
     ddtree::CandShared& s = *reinterpret_cast<ddtree::CandShared*>(smem);                    \
     const int row = blockIdx.x / ddtree::kCandCluster;                                      \
-    const int b = row / p.L, d = row % p.L;                                                 \
-    const T* r = static_cast<const T*>(p.logits) + static_cast<long long>(b) * p.s0 +       \
-                 static_cast<long long>(d) * p.s1;                                          \
+    const T* r = ddtree::row_of<T>(p, row);                                                 \
     const long long at = static_cast<long long>(row) * p.K;                                 \
     ddtree::candidates_cluster_row<T>(r, p.s2, p.V, p.K, p.out.topk_logprobs + at,         \
                                       p.out.topk_ids + at, p.scratch.eligible + row,        \

@@ -123,13 +123,14 @@ def test_z_within_one_ulp_where_it_is_small(dtype, top):
     print(f"requests with Z one ulp apart: {compare(cpu, gpu, x, roots, prefix, 63)}")
 
 
-def best_first_tree(x, roots, prefix, budget, topk) -> ddtree.Tree:
-    """The GPU build with the selection forced onto the best-first warp (stage bit 8)."""
+def tree_with_stages(x, roots, prefix, budget, topk, stages: int) -> ddtree.Tree:
+    """The GPU build with launch_build's stage bits: 7 | 8 forces the selection onto the
+    best-first warp, 7 | 16 stage 1 onto one block a row."""
     bs, depth, vocab = x.shape
     k = _api.k_of(budget, vocab, topk)
     tree = _buffers.new_tree(bs, depth, k, budget, x.device)
     scratch = _cuda.new_scratch(bs * depth, x.device)
-    _cuda.launch_build(tree, scratch, x, roots, prefix, budget, k, stages=7 | 8)
+    _cuda.launch_build(tree, scratch, x, roots, prefix, budget, k, stages=stages)
     return tree
 
 
@@ -150,18 +151,7 @@ def test_parallel_selection_equals_the_best_first_warp(chunk):
         x, roots, prefix = make_inputs(rng, kind, shape, dtype, case % 5 == 1, case % 7 == 0)
         x, roots, prefix = x.to(DEV), roots.to(DEV), prefix.to(DEV)
         parallel = ddtree.build_tree(x, roots, prefix, budget=budget, topk=topk)
-        assert_same_tree(parallel, best_first_tree(x, roots, prefix, budget, topk))
-
-
-def one_block_a_row_tree(x, roots, prefix, budget, topk) -> ddtree.Tree:
-    """The GPU build with stage 1 one block a row (stage bit 16), where the launcher would
-    spread each row over a cluster of blocks."""
-    bs, depth, vocab = x.shape
-    k = _api.k_of(budget, vocab, topk)
-    tree = _buffers.new_tree(bs, depth, k, budget, x.device)
-    scratch = _cuda.new_scratch(bs * depth, x.device)
-    _cuda.launch_build(tree, scratch, x, roots, prefix, budget, k, stages=7 | 16)
-    return tree
+        assert_same_tree(parallel, tree_with_stages(x, roots, prefix, budget, topk, 7 | 8))
 
 
 @pytest.mark.parametrize("chunk", range(3))
@@ -180,7 +170,7 @@ def test_stage1_over_a_cluster_equals_one_block_a_row(chunk):
         x, roots, prefix = make_inputs(rng, kind, shape, dtype, case % 5 == 1, case % 7 == 0)
         x, roots, prefix = x.to(DEV), roots.to(DEV), prefix.to(DEV)
         clustered = ddtree.build_tree(x, roots, prefix, budget=budget, topk=topk)
-        assert_same_tree(clustered, one_block_a_row_tree(x, roots, prefix, budget, topk))
+        assert_same_tree(clustered, tree_with_stages(x, roots, prefix, budget, topk, 7 | 16))
 
 
 @pytest.mark.parametrize(
@@ -202,7 +192,7 @@ def test_selection_through_ties(shape, budget):
         gx, groots, gprefix = x.to(DEV), roots.to(DEV), prefix.to(DEV)
         gpu = ddtree.build_tree(gx, groots, gprefix, budget=budget)
         compare(cpu, gpu, x, roots, prefix, budget)
-        assert_same_tree(gpu, best_first_tree(gx, groots, gprefix, budget, None))
+        assert_same_tree(gpu, tree_with_stages(gx, groots, gprefix, budget, None, 7 | 8))
 
 
 def test_full_mask_equals_the_cpu_path():

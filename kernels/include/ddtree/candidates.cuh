@@ -305,6 +305,20 @@ __device__ void radix_select_row(const T* __restrict__ row, long long stride, in
   }
 }
 
+// A row with NaN or +inf (SPEC stage 1): no eligible rank, every LP -inf, every id -1.
+__device__ __forceinline__ void write_rejected(int K, float* __restrict__ lp,
+                                               long long* __restrict__ ti,
+                                               int* __restrict__ eligible, int* __restrict__ bad) {
+  for (int r = threadIdx.x; r < K; r += blockDim.x) {
+    lp[r] = -INFINITY;
+    ti[r] = -1;
+  }
+  if (threadIdx.x == 0) {
+    *eligible = 0;
+    *bad = 1;
+  }
+}
+
 // Writes the row's log-probs and ids from `sorted` (K candidates in rank order).
 template <typename T>
 __device__ void write_sorted(const T* __restrict__ row, long long stride, int K, float z,
@@ -414,14 +428,7 @@ __device__ void candidates_row(const T* __restrict__ row, long long stride, int 
     sum = add128(sum, fixed_term(x, shift, grade));
   };
   if (top_k_pass(row, stride, V, K, s, &m, add_term)) {
-    for (int r = threadIdx.x; r < K; r += blockDim.x) {
-      lp[r] = -INFINITY;
-      ti[r] = -1;
-    }
-    if (threadIdx.x == 0) {
-      *eligible = 0;
-      *bad = 1;
-    }
+    write_rejected(K, lp, ti, eligible, bad);
     return;
   }
   // Normaliser: Z = fp32(m + ln(sum exp(x - m))), the sum in fixed point (fixed_sum.cuh).

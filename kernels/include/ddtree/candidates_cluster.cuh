@@ -142,16 +142,8 @@ __device__ void candidates_cluster_row(const T* __restrict__ row, long long stri
   };
   const T* chunk = row + static_cast<long long>(part.x) * stride;
   if (top_k_pass(chunk, stride, part.y, k, s, &m, add_term, RowOverCluster{slot})) {
-    if (rank != 0) return;  // the flag is the row's: every block returns here
-    for (int r = threadIdx.x; r < K; r += blockDim.x) {
-      lp[r] = -INFINITY;
-      ti[r] = -1;
-    }
-    if (threadIdx.x == 0) {
-      *eligible = 0;
-      *bad = 1;
-    }
-    return;
+    if (rank == 0) write_rejected(K, lp, ti, eligible, bad);
+    return;  // the flag is the row's: every block returns here
   }
   sum = block_sum128(sum, s.uscratch);
   sort_candidates(s, k);

@@ -107,14 +107,7 @@ __device__ void merge_row(const float* __restrict__ values, const long long* __r
   int any_bad = 0;
   for (int j = threadIdx.x; j < parts; j += blockDim.x) any_bad |= bads[j];
   if (block_any(any_bad, s.iscratch)) {
-    for (int r = threadIdx.x; r < K; r += blockDim.x) {
-      lp[r] = -INFINITY;
-      ti[r] = -1;
-    }
-    if (threadIdx.x == 0) {
-      *eligible = 0;
-      *bad = 1;
-    }
+    write_rejected(K, lp, ti, eligible, bad);
     return;
   }
   if (threadIdx.x == 0) s.count = s.tie_count = 0;
