@@ -1,0 +1,108 @@
+"""The GPU's stage-1 normaliser (kernels/include/ddtree/fixed_sum.cuh), emulated in numpy, on
+rows built to break it: its error analysis checked without a GPU.
+
+numpy's float64 `exp` stands in for CUDA's `exp` and its float32 `exp` for `expf` (each
+within the 1 and 2 ulp CUDA documents), so this checks the design — the two grades, the
+exact exponent, the integer units — not the kernel's bits; the GPU tests (tests/test_gpu.py,
+`test_z_within_one_ulp_where_it_is_small`) check those. The emulation also keeps the
+fp32 exponent the kernel used before session 20, to show these rows fail it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import log_prob_rows
+
+from ddtree import reference
+from ddtree.bench_gpu import PRECISE_MAX
+
+F32 = np.float32
+HEADER = Path(__file__).resolve().parents[1] / "kernels/include/ddtree/fixed_sum.cuh"
+
+
+def big_sum(units: np.ndarray) -> int:
+    """The exact sum of non-negative integer-valued float64s below 2^64, as a Python int."""
+    u = units.astype(np.uint64)
+    high = (u >> np.uint64(32)).astype(np.int64).sum()
+    low = (u & np.uint64(0xFFFFFFFF)).astype(np.int64).sum()
+    return int(high) * 2**32 + int(low)
+
+
+def precise_sum(exact: np.ndarray) -> tuple[int, float]:
+    """Every term float64, in units of 2^-80 (precise_units: a high and a low word)."""
+    e = np.where(exact > -60.0, np.exp(exact), 0.0)
+    top = np.floor(e * 2.0**16)
+    low = np.rint((e * 2.0**16 - top) * 2.0**64)
+    return int(top.astype(np.int64).sum()) * 2**64 + big_sum(low), 2.0**80
+
+
+def fast_sum(x: np.ndarray, m: F32, exact: np.ndarray, fp32_exponent: bool) -> tuple[int, float]:
+    """Float64 terms within 3 of the maximum, fp32 terms below, in units of 2^-52; the fp32
+    difference's rounding error folded back (TwoSum), unless `fp32_exponent` (the old way)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = (x - m).astype(F32)
+        near = d > F32(-3)
+        far = ~near & (d > F32(-40))
+        bb = (d - x).astype(F32)
+        err = ((x - (d - bb)).astype(F32) + (F32(-m) - bb)).astype(F32)
+        if fp32_exponent:
+            err = np.zeros_like(err)
+        t = np.exp(d).astype(np.float64)
+        t = (t + t * err.astype(np.float64)).astype(F32)  # fmaf: one rounding
+    units = np.zeros(x.shape, np.float64)
+    units[near] = np.rint(np.exp(d[near] if fp32_exponent else exact[near]) * 2.0**52)
+    units[far] = np.rint(t[far].astype(np.float64) * 2.0**52)
+    return big_sum(units), 2.0**52
+
+
+def emulated_z(row: np.ndarray, fp32_exponent: bool = False) -> F32:
+    x = row.astype(F32)
+    m = F32(x[np.isfinite(x)].max())
+    exact = x.astype(np.float64) - np.float64(m)
+    if fp32_exponent:
+        exact = (x - m).astype(F32).astype(np.float64)
+    if PRECISE_MAX[0] < m < PRECISE_MAX[1]:
+        total, unit = precise_sum(exact)
+    else:
+        total, unit = fast_sum(x, m, exact, fp32_exponent)
+    return F32(np.float64(m) + np.log(float(total) / unit))
+
+
+def ulps_off(z: F32, row: np.ndarray) -> float:
+    """|z - Z| in ulps of the reference's Z, less float64's own rounding of m + log(sum),
+    which is more than an fp32 ulp where |Z| is below about 1e-7 (docs/spec.md)."""
+    ref = reference.logsumexp(row)
+    slack = 4 * np.spacing(np.float64(abs(row.max())) + 1.0)
+    return max(0.0, abs(float(z) - float(ref)) - slack) / float(np.spacing(abs(ref)))
+
+
+def rows(top: float | None, seed: int) -> np.ndarray:
+    """Log-probability rows (Z near 0), or the same rows with their maximum moved to `top`."""
+    x = log_prob_rows(np.random.default_rng(seed), (1, 24, 20000))[0]
+    if top is not None:
+        x = x - x.max(axis=1, keepdims=True) + top
+    return x.astype(F32)
+
+
+def test_the_header_and_the_bench_name_the_same_grade_edges():
+    text = HEADER.read_text()
+    above = float(re.search(r"kFastAtOrAbove = ([-\d.]+)f", text).group(1))
+    below = float(re.search(r"kFastAtOrBelow = ([-\d.]+)f", text).group(1))
+    assert (below, above) == PRECISE_MAX
+
+
+@pytest.mark.parametrize("top", [None, 7.9, 8.0, 12.0, -30.0])
+def test_every_row_keeps_z_within_one_ulp(top):
+    """The precise grade (log-prob rows, 7.9) and the fast grade at its edges (8.0, -30)."""
+    for row in rows(top, seed=5):
+        assert ulps_off(emulated_z(row), row) <= 1.0
+
+
+def test_the_fp32_exponent_misses_on_these_rows():
+    """What session 20 fixed: x - m rounded in fp32 repeats its error in every tied term."""
+    off = [ulps_off(emulated_z(row, fp32_exponent=True), row) for row in rows(None, seed=5)]
+    assert max(off) > 1.0
