@@ -29,12 +29,12 @@ pub const CANDIDATE_CLUSTER: u32 = 8;
 pub const CLUSTER_MIN_VOCAB: usize = 4096;
 
 /// Whether stage 1 spreads each row over a cluster of [`CANDIDATE_CLUSTER`] blocks: when
-/// every row's cluster fits on the GPU at once (a block holds an SM: 1024 threads of 64
-/// registers), so one block a row would leave most SMs idle, and the rows are long enough
-/// to split. Each block still pays the kernel's fixed tail (the K-th largest thread
-/// maximum, its select and sort), so a second wave of clusters costs more than one block
-/// a row (measured on the H200: bs = 8, 120 rows, 294 µs against 85). The output is the
-/// same either way.
+/// every row's cluster fits on the GPU at once by SM count (a block holds an SM: 1024
+/// threads of 64 registers; SMs / 8 is an upper bound, as a cluster sits in one GPC), so
+/// one block a row would leave most SMs idle, and the rows are long enough to split. Each
+/// block still pays the kernel's fixed tail (the K-th largest thread maximum, its select
+/// and sort), so a second wave of clusters costs more than one block a row (measured on
+/// the H200: bs = 8, 120 rows, 294 µs against 85). The output is the same either way.
 pub fn cluster_rows(shape: &BuildShape, sms: u32) -> bool {
     let blocks = (shape.bs * shape.depth) as u64 * u64::from(CANDIDATE_CLUSTER);
     shape.vocab >= CLUSTER_MIN_VOCAB && blocks <= u64::from(sms)
@@ -141,7 +141,8 @@ mod tests {
         assert!(cluster_rows(&rows(2, 8, 151936), 132));
         assert!(!cluster_rows(&rows(1, 17, 151936), 132));
         assert!(!cluster_rows(&rows(8, 15, 151936), 132));
-        // RTX PRO 6000 Blackwell: 188 SMs, 23 rows.
+        // 188 SMs (RTX PRO 6000 Blackwell): 23 rows by this count; a cluster must also sit in
+        // one GPC, so the GPU may hold fewer at once (not measured: no such GPU here).
         assert!(cluster_rows(&rows(1, 23, 163840), 188));
         assert!(!cluster_rows(&rows(2, 12, 163840), 188));
         // Rows too short to give every block of a cluster a chunk stay one block a row.
