@@ -312,8 +312,8 @@ impl Kernel {
 }
 
 /// The launches of the stages in `stages` (bits 1 | 2 | 4), in order: stage 1 one block per
-/// (request, depth) row, or a cluster of blocks per row where there are fewer rows than
-/// SMs (`launch::cluster_rows`), stages 2 and 3 one block per request.
+/// (request, depth) row, or a cluster of blocks per row where every row's cluster fits on
+/// the GPU at once (`launch::cluster_rows`), stages 2 and 3 one block per request.
 pub(crate) fn build_kernels(
     dev: &Device,
     shape: &BuildShape,
@@ -321,11 +321,7 @@ pub(crate) fn build_kernels(
     stages: u32,
 ) -> Vec<Kernel> {
     let (bs, rows) = (shape.bs as u32, (shape.bs * shape.depth) as u32);
-    let index = match dtype {
-        Dtype::F32 => 0,
-        Dtype::F16 => 1,
-        Dtype::Bf16 => 2,
-    };
+    let index = dtype.index();
     let clustered = stages & CANDIDATES_ONE_BLOCK == 0 && launch::cluster_rows(shape, dev.sms);
     let (candidates, blocks_a_row) = if clustered {
         (dev.candidates_cluster[index], launch::CANDIDATE_CLUSTER)

@@ -390,7 +390,7 @@ __device__ int top_k_pass(const T* __restrict__ row, long long stride, int V, in
   // few times K, selected among exactly in shared memory. Ties beyond kTieCap fall back to
   // the radix select over the whole row.
   const uint32_t floor_key = kth_largest_thread_key(s, float_key(local_max), K);
-  const auto pass2 = [&](auto grade) {
+  with_grade(shift, [&](auto grade) {
     for_each_in_row(row, stride, V, [&](int id, float x) {
       each(x, shift, grade);
       const uint32_t key = float_key(x);
@@ -399,12 +399,7 @@ __device__ int top_k_pass(const T* __restrict__ row, long long stride, int V, in
         if (slot < kTieCap) s.ties[slot] = composite(key, id);
       }
     });
-  };
-  if (precise_row(shift)) {
-    pass2(Precise{});
-  } else {
-    pass2(Fast{});
-  }
+  });
   __syncthreads();
   const int kept = s.tie_count;
   if (kept <= kTieCap) {

@@ -35,6 +35,17 @@ __device__ __forceinline__ bool precise_row(float m) {
   return m < kFastAtOrAbove && m > kFastAtOrBelow;
 }
 
+// f(Precise{}) or f(Fast{}), the grade of the row whose maximum is `m`: a loop over the row
+// inside f is compiled once per grade.
+template <typename F>
+__device__ __forceinline__ void with_grade(float m, F&& f) {
+  if (precise_row(m)) {
+    f(Precise{});
+  } else {
+    f(Fast{});
+  }
+}
+
 struct U128 {
   unsigned long long lo, hi;
 };

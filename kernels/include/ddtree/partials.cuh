@@ -59,16 +59,11 @@ __device__ void partial_sum_row(const T* __restrict__ part, long long stride, in
                                 U128* __restrict__ out, U128* scratch) {
   const float shift = (m == -INFINITY) ? 0.0f : m;
   U128 sum{0ull, 0ull};
-  const auto add_terms = [&](auto grade) {
+  with_grade(shift, [&](auto grade) {  // the row's grade: the same on every part
     for_each_in_row(part, stride, len, [&](int, float x) {
       if (!isnan(x) && x != INFINITY) sum = add128(sum, fixed_term(x, shift, grade));
     });
-  };
-  if (precise_row(shift)) {  // the row's grade: the same on every part
-    add_terms(Precise{});
-  } else {
-    add_terms(Fast{});
-  }
+  });
   sum = block_sum128(sum, scratch);
   if (threadIdx.x == 0) *out = sum;
 }
