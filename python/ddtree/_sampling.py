@@ -70,7 +70,12 @@ class SamplingState:
         # Device-side fills, not a host tensor copied over: a functional accept_tree makes
         # its state inside the caller's graph capture, where a host-to-device copy fails.
         self.rng = torch.zeros(2, dtype=torch.int64, device=device)
+        self.reseed(seed)
+
+    def reseed(self, seed: int) -> None:
+        """The generator state (seed, offset 0), by device-side fills."""
         self.rng[0].fill_(int(seed) & SEED_MASK)
+        self.rng[1].fill_(0)
 
     def load(self, bs: int, temperature, top_k, top_p) -> None:
         """Per-request values: scalars (checked here) or ``[bs]`` tensors on this device

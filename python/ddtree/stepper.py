@@ -333,8 +333,7 @@ class Stepper:
             state = self._sampling
             state.load(tree.batch_size, temperature, None, None)  # checks, then writes
             if generator is not None:  # as the engine's load: (seed, 0)
-                state.rng[0].fill_(_api.seed_of(generator) & _sampling.SEED_MASK)
-                state.rng[1].fill_(0)
+                state.reseed(_api.seed_of(generator))
         plan.run(t, tree, acc, state)
         if state is not None:
             state.rng[1:].add_(1)  # the engine's advance after a sampled accept
