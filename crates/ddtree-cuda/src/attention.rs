@@ -66,7 +66,9 @@ pub struct AttentionParams {
 /// warpgroup's value columns and `col_warps / 4` the warpgroups side by side over them. A
 /// `producer` tile (`DDTREE_ATTENTION_HOPPER_WS`, `WsTile`; with `v_in_k`, MLA's
 /// `DDTREE_ATTENTION_HOPPER_MLA`, `MlaTile`) adds a warpgroup that only gathers the K/V tiles;
-/// the others compute.
+/// the others compute. An `mla` tile is the portable MLA tile (`DDTREE_ATTENTION_MLA`,
+/// attention_mla.cuh's `PortableMlaTile`): for O += P V each of its warps takes `dvc` value columns of
+/// all `16 * m_tiles` rows, for S = Q K^T a quarter of the rows over half the head dim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Variant {
     pub name: &'static str,
@@ -80,6 +82,7 @@ pub struct Variant {
     pub m_tiles: usize,
     pub hopper: bool,
     pub producer: bool,
+    pub mla: bool,
 }
 
 const fn variant(name: &'static str, d: usize, dvc: usize, warps: usize, kt: usize) -> Variant {
@@ -95,6 +98,7 @@ const fn variant(name: &'static str, d: usize, dvc: usize, warps: usize, kt: usi
         m_tiles: 1,
         hopper: false,
         producer: false,
+        mla: false,
     }
 }
 
@@ -113,6 +117,7 @@ const fn hopper(name: &'static str, d: usize, dvw: usize, rg: usize) -> Variant 
         m_tiles: 1,
         hopper: true,
         producer: false,
+        mla: false,
     }
 }
 
@@ -131,6 +136,7 @@ const fn hopper_ws(name: &'static str, d: usize, kt: usize, stages: usize) -> Va
         m_tiles: 1,
         hopper: true,
         producer: true,
+        mla: false,
     }
 }
 
@@ -150,6 +156,7 @@ const fn hopper_mla() -> Variant {
         m_tiles: 1,
         hopper: true,
         producer: true,
+        mla: false,
     }
 }
 
@@ -165,11 +172,13 @@ pub const VARIANTS: [Variant; 5] = [
     },
     variant("d256", 256, 128, 4, 32),
     variant("d576", 576, 256, 2, 16),
+    // MLA's absorbed form: 64 rows a block, Q in registers (attention_mla.cuh).
     Variant {
-        col_warps: 2,
+        col_warps: 8,
         v_in_k: true,
-        stages: 3,
-        ..variant("d576vk", 576, 256, 4, 16)
+        m_tiles: 4,
+        mla: true,
+        ..variant("d576vk", 576, 64, 8, 32)
     },
 ];
 /// The sm_90a tiles (wgmma, up to 227 KB of shared memory), loaded on compute capability 9.0
@@ -224,6 +233,14 @@ impl Variant {
                 0
             };
             return elem * halves + ids + 1024;
+        }
+        if self.mla {
+            // The K tiles and P (`PortableMlaTile::kSmem`); the upper warps' fp32 partial scores (a
+            // float4 per lane per 8 keys); three fp32 values a row and four flags; the
+            // staged page ids.
+            let halves = self.stages * self.kt * (self.d + PAD) + self.rows() * (self.kt + PAD);
+            let sums = 4 * 4 * (self.warps / 2) * (self.kt / 8) * 32;
+            return elem * halves + sums + 4 * 3 * self.rows() + 16 + 8 * self.stages * self.kt;
         }
         let qs = self.d + PAD;
         let vs = if self.v_in_k {
@@ -574,7 +591,7 @@ mod tests {
         let header = include_str!("../../../kernels/include/ddtree/attention.cuh");
         assert!(header.contains(&format!("kAttnPad = {PAD};")));
         let entry = include_str!("../../../kernels/attention.cu");
-        for v in VARIANTS {
+        for v in VARIANTS.iter().filter(|v| !v.mla) {
             for t in ["bf16, __nv_bfloat16", "f16, __half"] {
                 let (dtype, ty) = t.split_once(", ").unwrap();
                 let line = format!(
@@ -583,6 +600,19 @@ mod tests {
                 );
                 assert!(entry.contains(&line), "attention.cu lacks {line}");
             }
+        }
+        let mla = VARIANTS[4];
+        assert!(mla.mla && mla.v_in_k && VARIANTS.iter().filter(|v| v.mla).count() == 1);
+        assert!(entry.contains("DDTREE_ATTENTION_MLA(ddtree_attention_bf16_d576vk, __nv_bfloat16)"));
+        let header = include_str!("../../../kernels/include/ddtree/attention_mla.cuh");
+        for field in [
+            format!("D = {};", mla.d),
+            format!("kWarps = {};", mla.warps),
+            format!("BM = {};", mla.rows()),
+            format!("KT = {};", mla.kt),
+            format!("ST = {};", mla.stages),
+        ] {
+            assert!(header.contains(&field), "PortableMlaTile lacks {field}");
         }
         let entry = include_str!("../../../kernels/attention_sm90a.cu");
         for v in HOPPER_VARIANTS.iter().filter(|v| v.producer && !v.v_in_k) {
@@ -679,14 +709,19 @@ mod tests {
         let d128 = VARIANTS[1];
         assert_eq!((d128.rows(), d128.m_tiles), (128, 2));
         assert_eq!(d128.smem_bytes(2), 2 * (128 * 136 + 2 * 32 * 272) + 8 * 64);
-        // d576vk: Q 32 x 584, three stages of 16 keys' K rows; the pair's fp32 scores (4
-        // warps x 32 lanes x 8); 48 page ids: 3456 bytes under the limit.
+        // d576vk (attention_mla.cuh): two stages of 32 keys' K rows, P 64 x 40, the upper
+        // warps' fp32 scores (4 warps x 32 lanes x 4 float4), 64 rows' scale, maximum and
+        // sum and 4 flags, 64 page ids: 89,360 bytes.
         let mla = VARIANTS[4];
         assert_eq!(
-            mla.smem_bytes(2),
-            2 * (32 * 584 + 3 * 16 * 584) + 4 * 4 * 32 * 8 + 8 * 48
+            (mla.rows(), mla.block_cols(), 32 * mla.warps),
+            (64, 512, 256)
         );
-        assert_eq!(99 * 1024 - mla.smem_bytes(2), 3456);
+        assert_eq!(
+            mla.smem_bytes(2),
+            2 * (2 * 32 * 584 + 64 * 40) + 4 * 4 * 4 * 4 * 32 + 4 * 3 * 64 + 16 + 8 * 64
+        );
+        assert_eq!(mla.smem_bytes(2), 89_360);
         assert_eq!(
             Variant::for_head_dim(576, 512, false).unwrap().1.name,
             "d576"
@@ -733,8 +768,8 @@ mod tests {
 
     #[test]
     fn a_split_plan_sizes_the_partials_for_its_largest_need() {
-        // MLA Hq=8, Q=256 (64 row tiles of one value chunk per request) on 264 slots.
-        let mla = (&VARIANTS[4], 264);
+        // MLA Hq=8, Q=256 (32 row tiles of one value chunk per request) on 132 slots.
+        let mla = (&VARIANTS[4], 132);
         let p = SplitPlan::new(8, 256, (8, 1), (576, 512), mla).unwrap();
         assert_eq!(&p.splits[..4], &[4, 2, 4, 1]);
         let most = (1..=8).map(|bs| bs * p.splits_for(bs)).max().unwrap();
@@ -803,7 +838,7 @@ mod tests {
     fn geometry_covers_every_row_and_value_column() {
         let mla = VARIANTS[3];
         assert_eq!(geometry(&mla, 256, 8, 512), (64, 2));
-        assert_eq!(geometry(&VARIANTS[4], 256, 8, 512), (64, 1));
+        assert_eq!(geometry(&VARIANTS[4], 256, 8, 512), (32, 1));
         assert_eq!(geometry(&VARIANTS[1], 64, 4, 128), (2, 1));
         assert_eq!(geometry(&VARIANTS[0], 16, 3, 64), (1, 1));
     }

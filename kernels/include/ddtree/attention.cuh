@@ -591,6 +591,93 @@ __device__ __forceinline__ void qk_tile(float (&s)[MT][NT][4], const T* qa, cons
       }
 }
 
+// A block's gather of its split's keys into ST stages of KT keys (K rows QS elements apart
+// in kbuf, V rows VS apart in vbuf; KC and VC 16-byte chunks of each), pipelined through
+// cp.async: `prologue` puts the first ST - 1 tiles in flight, `next` waits for the tile at
+// kt (stage st) and refills the stage computed before it with the tile ST - 1 ahead. Each
+// key of a tile has kThreads / KT threads, which copy its rows in neighbouring 16-byte
+// chunks (coalesced); a tile's page ids are staged in shared memory (ids, KT a stage) a
+// tile before its rows are gathered, so no gather waits on a page-table read.
+template <typename T, int KT, int ST, int kThreads, int QS, int VS, int KC, int VC>
+struct TileGather {
+  static constexpr int TPK = kThreads / KT;
+  static_assert(kThreads % KT == 0 && KC % TPK == 0 && VC % TPK == 0,
+                "a tile's keys split evenly over the threads, and their rows over a key's");
+  const AttentionParams& p;
+  const AttnBlock& w;
+  T* kbuf;
+  T* vbuf;
+  long long* ids;
+
+  __device__ __forceinline__ int my_key() const { return threadIdx.x / TPK; }
+  __device__ __forceinline__ int my_part() const { return threadIdx.x % TPK; }
+
+  // Issues (and commits) the loads of the tile at key kt into stage `st`, this thread's
+  // key's prefix rows from pool slot `slot`.
+  __device__ __forceinline__ void issue(long long kt, int st, long long slot) const {
+    T* ks = kbuf + (st * KT + my_key()) * QS;
+    T* vs = vbuf + (st * KT + my_key()) * VS;
+    const long long t = kt + my_key();
+    const bool valid = t < w.k_end;
+    const KeyRows<T> rows = key_rows_at<T>(p, w.b, w.g, w.prefix, t, slot, valid, w.col0);
+#pragma unroll
+    for (int i = 0; i < KC / TPK; ++i) {
+      const int c = (my_part() + i * TPK) * 8;
+      cp_async16(ks + c, rows.k + c, valid && c < p.dqk);
+    }
+#pragma unroll
+    for (int i = 0; i < VC / TPK; ++i) {
+      const int c = (my_part() + i * TPK) * 8;
+      cp_async16(vs + c, rows.v + c, valid && c < w.dv_here);
+    }
+    cp_async_commit();
+  }
+  // The pool slot of this thread's key in the tile at kt (0 for a tree node or a key past
+  // the split): read from the page table (`staged`: from the tile's staged page ids).
+  __device__ __forceinline__ long long slot_of(long long kt, bool staged, int st) const {
+    const long long t = kt + my_key();
+    if (t >= w.prefix || t >= w.k_end) return 0;
+    return staged ? staged_slot(p, ids + st * KT, kt, t) : prefix_slot(p, w.start, t);
+  }
+  // The tile ST - 1 ahead of the tile at kt (in stage st) has its page ids staged in the
+  // same commit group as this one's rows: they land by the time that tile is issued.
+  __device__ __forceinline__ void stage_ahead(long long kt, int st) const {
+    const long long later = kt + static_cast<long long>(ST - 1) * KT;
+    stage_page_ids<KT>(p, ids + (st + ST - 1) % ST * KT, later, w.k_end, w.prefix, w.start,
+                       threadIdx.x);
+  }
+  // The first ST - 1 tiles in flight (an empty commit group keeps the count uniform), their
+  // slots read from the page table here, once.
+  __device__ __forceinline__ void prologue() const {
+#pragma unroll
+    for (int i = 0; i < ST - 1; ++i) {
+      const long long kt = w.k_begin + static_cast<long long>(i) * KT;
+      if (kt < w.k_end) {
+        stage_ahead(kt, i);
+        issue(kt, i, slot_of(kt, false, i));
+      } else {
+        cp_async_commit();
+      }
+    }
+  }
+  // Waits until the tile at kt (stage st) has landed for every thread (and whatever the
+  // block copied before its first tile), then refills the stage computed last iteration
+  // (every warp has passed the barrier, so it is free) with the tile ST - 1 ahead; an empty
+  // group past the end.
+  __device__ __forceinline__ void next(long long kt, int st) const {
+    cp_async_wait<ST - 2>();
+    __syncthreads();
+    const long long ahead = kt + static_cast<long long>(ST - 1) * KT;
+    const int fill = st == 0 ? ST - 1 : st - 1;
+    if (ahead < w.k_end) {
+      stage_ahead(ahead, fill);
+      issue(ahead, fill, slot_of(ahead, true, fill));
+    } else {
+      cp_async_commit();
+    }
+  }
+};
+
 // One block: rows [row0, row0 + BM) of (request b, KV head g), value columns
 // [col0, col0 + DVB), keys [k_begin, k_end) of the request's P + Q, in tiles of KT keys
 // pipelined through cp.async (the next ST - 1 tiles load while one computes). Warp w takes
@@ -614,70 +701,21 @@ __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
 
   AttnBlock w;
   if (!attn_block(p, BM, DVB, w)) return;
-  const int b = w.b, g = w.g, group = w.group, m_rows = w.m_rows, col0 = w.col0;
-  const int row0 = w.row0, dv_here = w.dv_here;
-  const long long prefix = w.prefix, k_begin = w.k_begin, k_end = w.k_end, start = w.start;
+  const long long prefix = w.prefix, k_begin = w.k_begin, k_end = w.k_end;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int rw = warp % Tile::RW, wcol = (warp / Tile::RW) * DVC;  // rows, columns of the warp
   const int gr = lane >> 2, gc = lane & 3;  // fragment row group and column pair
 
-  // Issues the loads of the tile at key kt into stage `st`. Each key of the tile has TPK
-  // threads: they copy its K (then V) row in 16-byte chunks, neighbours taking neighbouring
-  // chunks (coalesced), from `slot`, the key's pool slot when it is a prefix token.
-  constexpr int TPK = Tile::kThreads / KT;
-  static_assert(Tile::kThreads % KT == 0 && KC % TPK == 0 && VC % TPK == 0,
-                "a tile's keys split evenly over the threads, and their rows over a key's");
-  const int my_key = threadIdx.x / TPK, my_part = threadIdx.x % TPK;
-  auto issue = [&](long long kt, int st, long long slot) {
-    T* ks = kbuf + (st * KT + my_key) * QS;
-    T* vs = vbuf + (st * KT + my_key) * VS;
-    const long long t = kt + my_key;
-    const bool valid = t < k_end;
-    const KeyRows<T> rows = key_rows_at<T>(p, b, g, prefix, t, slot, valid, col0);
-#pragma unroll
-    for (int i = 0; i < KC / TPK; ++i) {
-      const int c = (my_part + i * TPK) * 8;
-      cp_async16(ks + c, rows.k + c, valid && c < p.dqk);
-    }
-#pragma unroll
-    for (int i = 0; i < VC / TPK; ++i) {
-      const int c = (my_part + i * TPK) * 8;
-      cp_async16(vs + c, rows.v + c, valid && c < dv_here);
-    }
-    cp_async_commit();
-  };
-  // The pool slot of this thread's key in the tile at kt (0 for a tree node or a key past
-  // the split): read from the page table (`staged`: from the tile's staged page ids).
-  auto slot_of = [&](long long kt, bool staged, int st) -> long long {
-    const long long t = kt + my_key;
-    if (t >= prefix || t >= k_end) return 0;
-    return staged ? staged_slot(p, ids + st * KT, kt, t) : prefix_slot(p, start, t);
-  };
-  // The tile ST - 1 ahead of the tile at kt (in stage st) has its page ids staged in the
-  // same commit group as this one's rows: they land by the time that tile is issued.
-  auto stage_ahead = [&](long long kt, int st) {
-    const long long later = kt + static_cast<long long>(ST - 1) * KT;
-    stage_page_ids<KT>(p, ids + (st + ST - 1) % ST * KT, later, k_end, prefix, start,
-                       threadIdx.x);
-  };
+  // The K/V tiles' gather into the ST stages (V from the K tile with VK).
+  using Gather = TileGather<T, KT, ST, Tile::kThreads, QS, VS, KC, VC>;
+  const Gather gather{p, w, kbuf, vbuf, ids};
 
   // The block's query rows: (node, head) pairs, zero rows past M; their copies go in the
   // first tile's group.
   for (int r = warp; r < BM; r += kWarps)
-    copy_row_async(qs + r * QS, query_row<T>(p, b, g, row0 + r, group, m_rows),
+    copy_row_async(qs + r * QS, query_row<T>(p, w.b, w.g, w.row0 + r, w.group, w.m_rows),
                    static_cast<const T*>(p.q), p.dqk, D, lane, 32);
-  // The first ST - 1 tiles go in flight (an empty commit group keeps the count uniform),
-  // their slots read from the page table here, once.
-#pragma unroll
-  for (int i = 0; i < ST - 1; ++i) {
-    const long long kt = k_begin + static_cast<long long>(i) * KT;
-    if (kt < k_end) {
-      stage_ahead(kt, i);
-      issue(kt, i, slot_of(kt, false, i));
-    } else {
-      cp_async_commit();
-    }
-  }
+  gather.prologue();
   // This thread's two rows of each of the warp's m16 tiles and their tree nodes (for the
   // ancestor bits).
   const int* bits_of[MT][2];
@@ -696,22 +734,9 @@ __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
 
   int st = 0;
   for (long long kt = k_begin; kt < k_end; kt += KT, st = st + 1 == ST ? 0 : st + 1) {
-    cp_async_wait<ST - 2>();  // this tile's group has landed (later ones may be in flight)
-    __syncthreads();  // ...for every thread (and, the first time, the query rows too)
-    // Refill the stage computed last iteration (every warp has passed the barrier above,
-    // so it is free) with the tile ST - 1 ahead; an empty group past the end.
-    {
-      const long long ahead = kt + static_cast<long long>(ST - 1) * KT;
-      const int fill = st == 0 ? ST - 1 : st - 1;
-      if (ahead < k_end) {
-        stage_ahead(ahead, fill);
-        issue(ahead, fill, slot_of(ahead, true, fill));
-      } else {
-        cp_async_commit();
-      }
-    }
+    gather.next(kt, st);
     const T* ks = kbuf + st * KT * QS;
-    const T* vs = VK ? ks + col0 + wcol : vbuf + st * KT * VS + wcol;
+    const T* vs = VK ? ks + w.col0 + wcol : vbuf + st * KT * VS + wcol;
 
     // S = Q K^T for the warp's WM rows and the tile's KT keys: each K fragment serves the
     // warp's MT m16 tiles. The CW warps of a row group each take D / CW of the head dim,

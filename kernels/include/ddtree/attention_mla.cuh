@@ -1,0 +1,242 @@
+// The portable MLA tile: tree verify attention in MLA's absorbed form (head dim 576, V the
+// first 512 columns of K), mma.sync only, for sm_120 (the RTX PRO 6000's 99 KB a block) and
+// sm_90 alike.
+//
+// Why its own tile: every query row of a request shares each 576-wide key, so the cost is
+// how often a key tile is read — from L2 (once per block of rows) and from shared memory
+// (once per fragment a warp loads). attention_block's tile holds Q in shared memory, which
+// leaves room under 99 KB for 32 rows a block and one ldmatrix per two products. Here a
+// block takes 64 rows and Q never enters shared memory:
+// * S = Q K^T: warp w takes the 16 rows of quarter w % 4 over half w / 4 of the head dim
+//   (288 columns, 18 k-steps), its Q fragments held in 72 registers for the whole split.
+//   A K fragment serves two products. The upper half's warp posts its partial S (fp32) in
+//   shared memory and its lower partner adds it, then runs the online softmax for the
+//   quarter's rows and writes P (bf16/fp16) and the rows' rescale factors to shared memory.
+// * O += P V: warp w takes value columns 64w .. 64w + 63 of all 64 rows (4 x 8 m16n8
+//   accumulators): per 16 keys, four P fragments and four V fragments feed 32 products.
+// Per tile of 32 keys a warp loads 52 fragments for 136 products (attention_block's MLA
+// tile: 52 for 68), and the block reads each key tile once per 64 rows (there: 32).
+#pragma once
+#include "attention.cuh"
+
+namespace ddtree {
+
+template <typename T>
+struct PortableMlaTile {
+  static constexpr int D = 576;             // head dim of Q and K (dqk ≤ D, zero-filled)
+  static constexpr int DV = 512;            // value columns: all of a block's (dv ≤ DV)
+  static constexpr int kWarps = 8;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int BM = 64;             // query rows a block
+  static constexpr int KT = 32;             // keys a tile
+  static constexpr int ST = 2;              // tiles in flight
+  static constexpr int NT = KT / 8;         // n8 tiles of S a warp
+  static constexpr int QS = D + kAttnPad;   // shared row stride of a K tile, elements
+  static constexpr int PS = KT + kAttnPad;  // of P
+  static constexpr int KSTEPS = D / 2 / 16; // k-steps of a warp's half of the head dim
+  static constexpr int VCOLS = DV / kWarps; // value columns a warp (8 n8 tiles)
+  // Shared memory: the K tiles; the four upper-half warps' partial S (a float4 per lane per
+  // n8 tile); P; the rows' rescale factors, final maxima and sums (fp32) and the quarters'
+  // "moved" flags; each stage's staged page ids.
+  static constexpr size_t kK = sizeof(T) * ST * KT * QS;
+  static constexpr size_t kSums = sizeof(float) * 4 * (kWarps / 2) * NT * 32;
+  static constexpr size_t kP = sizeof(T) * BM * PS;
+  static constexpr size_t kRows = sizeof(float) * 3 * BM + sizeof(int) * 4;
+  static constexpr size_t kIds = sizeof(long long) * ST * KT;
+  static constexpr size_t kSmem = kK + kSums + kP + kRows + kIds;
+  static_assert(kK % 16 == 0 && kSums % 16 == 0 && kP % 16 == 0 && kRows % 8 == 0,
+                "regions keep 16-byte (float4) and 8-byte (page id) alignment");
+};
+
+// The A fragments of Q for rows r0 (its n8 row group) and r0 + 8 over KSTEPS k-steps from
+// column c0: straight from global memory into registers (a thread's 4-byte pairs; the rows
+// are 16-byte aligned and dqk a multiple of 8, so a pair lies wholly inside or past dqk),
+// zeros for a missing row or past dqk.
+template <typename T, int KSTEPS>
+__device__ __forceinline__ void q_fragments(uint32_t (&qf)[KSTEPS][4], const T* row0,
+                                            const T* row8, int c0, int dqk) {
+#pragma unroll
+  for (int j = 0; j < KSTEPS; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const T* row = (e & 1) ? row8 : row0;
+      const int c = c0 + j * 16 + (e >> 1) * 8;
+      qf[j][e] = row != nullptr && c < dqk ? *reinterpret_cast<const uint32_t*>(row + c) : 0u;
+    }
+}
+
+// S = Q K^T over KSTEPS k-steps for one m16 tile and NT n8 tiles of keys, Q from registers:
+// kb is this lane's ldmatrix address of the first key's first column, rows QS apart.
+template <typename T, int NT, int QS, int KSTEPS>
+__device__ __forceinline__ void qk_from_registers(float (&s)[NT][4],
+                                                  const uint32_t (&qf)[KSTEPS][4],
+                                                  const T* kb) {
+#pragma unroll
+  for (int n = 0; n < NT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+  for (int j = 0; j < KSTEPS; ++j)
+#pragma unroll
+    for (int n = 0; n < NT; n += 2) {
+      uint32_t bf[4];  // keys n*8.. (k 0-7, 8-15), then keys n*8+8..
+      ldmatrix_x4(bf, kb + n * 8 * QS + j * 16);
+      MmaType<T>::mma(s[n], qf[j], bf);
+      MmaType<T>::mma(s[n + 1], qf[j], bf + 2);
+    }
+}
+
+// Named barrier `id` (1 to 4) of the 64 threads of a quarter's two warps: the lower warp
+// reads the partial S its upper partner posted before it. Both wait (bar.sync): the upper
+// warp reaches it when its own products are done, as its partner does, so waiting costs
+// little, and every shared-memory handoff stays one that racecheck can follow. Immediate
+// ids (a register id would reserve all sixteen).
+__device__ __forceinline__ void quarter_barrier(int id) {
+  switch (id) {
+    case 1: asm volatile("bar.sync 1, 64;\n" ::: "memory"); break;
+    case 2: asm volatile("bar.sync 2, 64;\n" ::: "memory"); break;
+    case 3: asm volatile("bar.sync 3, 64;\n" ::: "memory"); break;
+    default: asm volatile("bar.sync 4, 64;\n" ::: "memory"); break;
+  }
+}
+
+// One block of PortableMlaTile: rows [row0, row0 + 64) of (request b, KV head g), all value
+// columns, keys [k_begin, k_end) of the request's P + Q (see the top of this file).
+template <typename T>
+__device__ void attention_mla_block(const AttentionParams& p, unsigned char* smem) {
+  using Tile = PortableMlaTile<T>;
+  using Mma = MmaType<T>;
+  constexpr int KT = Tile::KT, ST = Tile::ST, QS = Tile::QS, PS = Tile::PS, NT = Tile::NT;
+  constexpr int KSTEPS = Tile::KSTEPS, VT = Tile::VCOLS / 8;
+  T* kbuf = reinterpret_cast<T*>(smem);
+  float4* sums = reinterpret_cast<float4*>(smem + Tile::kK);
+  T* pbuf = reinterpret_cast<T*>(smem + Tile::kK + Tile::kSums);
+  float* row_scale = reinterpret_cast<float*>(smem + Tile::kK + Tile::kSums + Tile::kP);
+  float* row_m = row_scale + Tile::BM;
+  float* row_l = row_m + Tile::BM;
+  int* moved = reinterpret_cast<int*>(row_l + Tile::BM);
+  long long* ids = reinterpret_cast<long long*>(smem + Tile::kSmem - Tile::kIds);
+
+  AttnBlock w;
+  if (!attn_block(p, Tile::BM, Tile::DV, w)) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int quarter = warp % 4, upper = warp / 4;  // S: rows 16 * quarter.., head-dim half
+  const int gr = lane >> 2, gc = lane & 3;         // fragment row group and column pair
+  const int mi = lane >> 3, mr = lane & 7;         // ldmatrix: matrix and row of the lane
+
+  using Gather = TileGather<T, KT, ST, Tile::kThreads, QS, QS, Tile::D / 8, 0>;
+  const Gather gather{p, w, kbuf, kbuf, ids};
+  gather.prologue();
+
+  // The quarter's rows: their Q fragments (this warp's half of the head dim) and ancestor
+  // bits.
+  const int* bits_of[2];
+  rows_out(p, w, 16 * quarter + gr, bits_of);
+  uint32_t qf[KSTEPS][4];
+  {
+    const int r = w.row0 + 16 * quarter + gr;
+    q_fragments<T, KSTEPS>(qf, query_row<T>(p, w.b, w.g, r, w.group, w.m_rows),
+                           query_row<T>(p, w.b, w.g, r + 8, w.group, w.m_rows),
+                           upper * (Tile::D / 2) + 2 * gc, p.dqk);
+  }
+  // ldmatrix addresses of this lane: K (the warp's half of the head dim), V (the warp's
+  // value columns of the same tile) and P.
+  const int k_off = (mr + (mi >> 1) * 8) * QS + (mi & 1) * 8 + upper * (Tile::D / 2);
+  const int v_off = (mr + (mi & 1) * 8) * QS + (mi >> 1) * 8 + warp * Tile::VCOLS;
+  const T* pa = pbuf + (mr + (mi & 1) * 8) * PS + (mi >> 1) * 8;
+
+  RowSoftmax sm;  // the quarter's rows (kept by the lower warp)
+  float acc[4][VT][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int t = 0; t < VT; ++t) acc[i][t][0] = acc[i][t][1] = acc[i][t][2] = acc[i][t][3] = 0.0f;
+
+  int st = 0;
+  for (long long kt = w.k_begin; kt < w.k_end; kt += KT, st = st + 1 == ST ? 0 : st + 1) {
+    gather.next(kt, st);
+    const T* ks = kbuf + st * KT * QS;
+    float s[NT][4];
+    qk_from_registers<T, NT, QS, KSTEPS>(s, qf, ks + k_off);
+    float4* slot = sums + quarter * NT * 32 + lane;
+    if (upper) {
+#pragma unroll
+      for (int n = 0; n < NT; ++n) slot[n * 32] = make_float4(s[n][0], s[n][1], s[n][2], s[n][3]);
+      quarter_barrier(quarter + 1);
+    } else {
+      quarter_barrier(quarter + 1);
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        const float4 o = slot[n * 32];
+        s[n][0] += o.x;
+        s[n][1] += o.y;
+        s[n][2] += o.z;
+        s[n][3] += o.w;
+      }
+      float tile_max[2], scale[2] = {1.0f, 1.0f};
+      score_tile(p, s, kt, w.k_end, w.prefix, bits_of, gc, tile_max);
+      const bool moves = sm.weigh(s, tile_max, scale);
+      if (moves && gc == 0) {
+        row_scale[16 * quarter + gr] = scale[0];
+        row_scale[16 * quarter + gr + 8] = scale[1];
+      }
+      if (lane == 0) moved[quarter] = moves;
+      T* prow = pbuf + (16 * quarter + gr) * PS + 2 * gc;
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        *reinterpret_cast<uint32_t*>(prow + n * 8) = Mma::pack(s[n][0], s[n][1]);
+        *reinterpret_cast<uint32_t*>(prow + 8 * PS + n * 8) = Mma::pack(s[n][2], s[n][3]);
+      }
+    }
+    __syncthreads();  // P, the factors and the flags of every quarter
+
+    // O += P V over the tile's keys, after the rescale of the quarters whose maximum moved
+    // (a flag the whole warp reads alike).
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      if (moved[i]) {
+        const float f[2] = {row_scale[16 * i + gr], row_scale[16 * i + gr + 8]};
+        RowSoftmax::rescale(acc[i], f);
+      }
+    const T* vb = ks + v_off;
+#pragma unroll
+    for (int kk = 0; kk < KT / 16; ++kk) {
+      uint32_t a[4][4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) ldmatrix_x4(a[i], pa + i * 16 * PS + kk * 16);
+#pragma unroll
+      for (int t = 0; t < VT; t += 2) {
+        uint32_t bf[4];  // columns t*8.. (keys 0-7, 8-15), then columns t*8+8..
+        ldmatrix_x4_trans(bf, vb + kk * 16 * QS + t * 8);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          Mma::mma(acc[i][t], a[i], bf);
+          Mma::mma(acc[i][t + 1], a[i], bf + 2);
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();  // nothing in flight at exit
+  // The rows' maxima and sums, from the lower warps to every warp's columns.
+  if (!upper) {
+    sm.finish();
+    if (gc == 0) {
+      row_m[16 * quarter + gr] = sm.m[0];
+      row_m[16 * quarter + gr + 8] = sm.m[1];
+      row_l[16 * quarter + gr] = sm.l[0];
+      row_l[16 * quarter + gr + 8] = sm.l[1];
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int* unused[2];
+    const RowsOut out = rows_out(p, w, 16 * i + gr, unused);
+    RowSoftmax rows;
+    rows.m[0] = row_m[16 * i + gr];
+    rows.m[1] = row_m[16 * i + gr + 8];
+    rows.l[0] = row_l[16 * i + gr];
+    rows.l[1] = row_l[16 * i + gr + 8];
+    write_rows<T>(p, out, acc[i], rows, warp * Tile::VCOLS, gc);
+  }
+}
+
+}  // namespace ddtree
