@@ -49,8 +49,9 @@ pub struct Device {
     /// Stage 1 (f32, f16, bf16 each): one block a row, and a cluster of blocks a row.
     pub candidates: [CUfunction; 3],
     pub candidates_cluster: [CUfunction; 3],
-    /// Streaming multiprocessors: how many rows fill the GPU one block a row.
-    pub sms: u32,
+    /// Clusters of `candidates_cluster` (per dtype) the GPU runs at once: the rows whose
+    /// clusters all fit in one wave (0 where none fits or the driver cannot tell).
+    pub clusters: [u32; 3],
     /// Stage 1 as partials (f32, f16, bf16 each): the parts, their sums, and the merge.
     pub partials: [CUfunction; 3],
     pub partial_sums: [CUfunction; 3],
@@ -219,9 +220,7 @@ impl Device {
             ],
             candidates: cand,
             candidates_cluster: cand_cluster,
-            sms: ctx
-                .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-                .map_err(|e| CudaError::driver("cuDeviceGetAttribute", e))? as u32,
+            clusters: cand_cluster.map(max_active_clusters),
             partials,
             partial_sums,
             merge_partials,
@@ -338,6 +337,33 @@ fn load_module(image: &'static [u8], name: &str, cc: u32) -> Result<CUmodule, Cu
 }
 
 /// Lets `f` ask for up to `bytes` of dynamic shared memory (above the 48 KB default).
+/// How many clusters of the clustered stage-1 kernel `f` the GPU holds at once. A cluster
+/// must sit in one GPC, and each of its blocks takes an SM (1024 threads of 64 registers),
+/// so this is what bounds one wave, not the SM count over 8. 0 when no cluster fits (a
+/// small MIG slice) or the driver cannot say: the launcher then keeps one block a row.
+fn max_active_clusters(f: CUfunction) -> u32 {
+    use crate::launch::{CANDIDATE_CLUSTER, CANDIDATE_SMEM, CANDIDATE_THREADS};
+    let config = sys::CUlaunchConfig {
+        gridDimX: CANDIDATE_CLUSTER,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: CANDIDATE_THREADS,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: CANDIDATE_SMEM as u32,
+        hStream: std::ptr::null_mut(),
+        attrs: std::ptr::null_mut(),
+        numAttrs: 0,
+    };
+    let mut clusters: std::ffi::c_int = 0;
+    // SAFETY: a loaded kernel of the current context; `config` and `clusters` outlive the
+    // call, which only reads the one and writes the other.
+    match unsafe { sys::cuOccupancyMaxActiveClusters(&mut clusters, f, &config) }.result() {
+        Ok(()) => clusters.max(0) as u32,
+        Err(_) => 0,
+    }
+}
+
 fn allow_dynamic_smem(f: CUfunction, bytes: usize) -> Result<(), CudaError> {
     unsafe {
         result::function::set_function_attribute(

@@ -29,15 +29,14 @@ pub const CANDIDATE_CLUSTER: u32 = 8;
 pub const CLUSTER_MIN_VOCAB: usize = 4096;
 
 /// Whether stage 1 spreads each row over a cluster of [`CANDIDATE_CLUSTER`] blocks: when
-/// every row's cluster fits on the GPU at once by SM count (a block holds an SM: 1024
-/// threads of 64 registers; SMs / 8 is an upper bound, as a cluster sits in one GPC), so
-/// one block a row would leave most SMs idle, and the rows are long enough to split. Each
-/// block still pays the kernel's fixed tail (the K-th largest thread maximum, its select
-/// and sort), so a second wave of clusters costs more than one block a row (measured on
-/// the H200: bs = 8, 120 rows, 294 µs against 85). The output is the same either way.
-pub fn cluster_rows(shape: &BuildShape, sms: u32) -> bool {
-    let blocks = (shape.bs * shape.depth) as u64 * u64::from(CANDIDATE_CLUSTER);
-    shape.vocab >= CLUSTER_MIN_VOCAB && blocks <= u64::from(sms)
+/// every row's cluster fits on the GPU at once (`clusters`: the driver's count of clusters
+/// it holds at once), so one block a row would leave most SMs idle, and the rows are long
+/// enough to split. Each block still pays the kernel's fixed tail (the K-th largest thread
+/// maximum, its select and sort), so a second wave of clusters costs more than one block
+/// a row (measured on the H200: bs = 8, 120 rows, 294 µs against 85). The output is the
+/// same either way.
+pub fn cluster_rows(shape: &BuildShape, clusters: u32) -> bool {
+    shape.vocab >= CLUSTER_MIN_VOCAB && (shape.bs * shape.depth) as u64 <= u64::from(clusters)
 }
 
 /// The shapes of one GPU build.

@@ -322,7 +322,8 @@ pub(crate) fn build_kernels(
 ) -> Vec<Kernel> {
     let (bs, rows) = (shape.bs as u32, (shape.bs * shape.depth) as u32);
     let index = dtype.index();
-    let clustered = stages & CANDIDATES_ONE_BLOCK == 0 && launch::cluster_rows(shape, dev.sms);
+    let clustered =
+        stages & CANDIDATES_ONE_BLOCK == 0 && launch::cluster_rows(shape, dev.clusters[index]);
     let (candidates, blocks_a_row) = if clustered {
         (dev.candidates_cluster[index], launch::CANDIDATE_CLUSTER)
     } else {

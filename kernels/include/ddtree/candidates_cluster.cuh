@@ -72,7 +72,8 @@ struct RowOverCluster {
 constexpr int kClusterMinVocab = 4096;
 
 __device__ __forceinline__ int2 cluster_chunk(int V, int rank) {
-  const int chunk = ((V + kCandCluster - 1) / kCandCluster + 15) / 16 * 16;
+  const long long per = (static_cast<long long>(V) + kCandCluster - 1) / kCandCluster;
+  const int chunk = static_cast<int>((per + 15) / 16 * 16);  // 64-bit: V may be near 2^31
   const int first = rank * chunk;
   return {first, max(0, min(chunk, V - first))};
 }
