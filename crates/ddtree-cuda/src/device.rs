@@ -336,7 +336,6 @@ fn load_module(image: &'static [u8], name: &str, cc: u32) -> Result<CUmodule, Cu
         .map_err(|e| CudaError::driver("cuModuleLoadData", e))
 }
 
-/// Lets `f` ask for up to `bytes` of dynamic shared memory (above the 48 KB default).
 /// How many clusters of the clustered stage-1 kernel `f` the GPU holds at once. A cluster
 /// must sit in one GPC, and each of its blocks takes an SM (1024 threads of 64 registers),
 /// so this is what bounds one wave, not the SM count over 8. 0 when no cluster fits (a
@@ -364,6 +363,7 @@ fn max_active_clusters(f: CUfunction) -> u32 {
     }
 }
 
+/// Lets `f` ask for up to `bytes` of dynamic shared memory (above the 48 KB default).
 fn allow_dynamic_smem(f: CUfunction, bytes: usize) -> Result<(), CudaError> {
     unsafe {
         result::function::set_function_attribute(
