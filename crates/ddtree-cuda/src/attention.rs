@@ -57,18 +57,19 @@ pub struct AttentionParams {
 
 /// One compiled tile shape (`DDTREE_ATTENTION` in attention.cu, kernel
 /// `ddtree_attention_{dtype}_{name}`): query/key head dims up to `d`, `dvc` value columns
-/// per warp, `warps` warps, `kt` keys per tile, `col_warps` warps side by side over the
-/// value columns (the others over 16 query rows each), `v_in_k`: the values are read from
-/// the K tile (V a view of K's first columns, MLA's absorbed form), `stages` tiles in flight,
-/// `m_tiles` m16 row tiles per warp (sharing every K and V fragment the warp loads).
+/// (all of the block's), `warps` warps over the query rows (16 * `m_tiles` each: m16 row
+/// tiles sharing every K and V fragment the warp loads), `kt` keys per tile, `stages` tiles
+/// in flight; `col_warps` 1 and `v_in_k` false.
+/// An `mla` tile is the portable MLA tile (`DDTREE_ATTENTION_MLA`, attention_mla.cuh's
+/// `PortableMlaTile`), V a view of K's first columns (`v_in_k`): for O += P V each of its
+/// warps takes `dvc` value columns of all `16 * m_tiles` rows (`col_warps` warps side by
+/// side over the value columns), for S = Q K^T a quarter of the rows over half the head dim.
 /// A `hopper` tile is `DDTREE_ATTENTION_HOPPER` in attention_sm90a.cu (kernel
 /// `ddtree_attention_sm90a_{dtype}_{name}`): its warps come in warpgroups of four, `dvc` is a
 /// warpgroup's value columns and `col_warps / 4` the warpgroups side by side over them. A
 /// `producer` tile (`DDTREE_ATTENTION_HOPPER_WS`, `WsTile`; with `v_in_k`, MLA's
 /// `DDTREE_ATTENTION_HOPPER_MLA`, `MlaTile`) adds a warpgroup that only gathers the K/V tiles;
-/// the others compute. An `mla` tile is the portable MLA tile (`DDTREE_ATTENTION_MLA`,
-/// attention_mla.cuh's `PortableMlaTile`): for O += P V each of its warps takes `dvc` value columns of
-/// all `16 * m_tiles` rows, for S = Q K^T a quarter of the rows over half the head dim.
+/// the others compute.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Variant {
     pub name: &'static str,
@@ -242,21 +243,11 @@ impl Variant {
             let sums = 4 * 4 * (self.warps / 2) * (self.kt / 8) * 32;
             return elem * halves + sums + 4 * 3 * self.rows() + 16 + 8 * self.stages * self.kt;
         }
-        let qs = self.d + PAD;
-        let vs = if self.v_in_k {
-            0
-        } else {
-            self.block_cols() + PAD
-        };
-        // fp32 partial scores the two column warps of a row group exchange (`kSums`).
-        let sums = if self.col_warps == 2 {
-            self.warps * 32 * self.m_tiles * self.kt / 2
-        } else {
-            0
-        };
-        // Each stage's staged page ids: kt 8-byte entries.
+        // Q, the stages' K and V rows (`AttnTile::kSmem`), and each stage's staged page ids:
+        // kt 8-byte entries.
+        let (qs, vs) = (self.d + PAD, self.dvc + PAD);
         let ids = 8 * self.stages * self.kt;
-        elem * (self.rows() * qs + self.stages * self.kt * (qs + vs)) + 4 * sums + ids
+        elem * (self.rows() * qs + self.stages * self.kt * (qs + vs)) + ids
     }
     /// A two-warpgroup Hopper tile of which an SM holds one block (MINB 1 in
     /// attention_sm90a.cu: d256) stages each tile's page ids in shared memory a tile ahead;
@@ -592,11 +583,12 @@ mod tests {
         assert!(header.contains(&format!("kAttnPad = {PAD};")));
         let entry = include_str!("../../../kernels/attention.cu");
         for v in VARIANTS.iter().filter(|v| !v.mla) {
+            assert_eq!((v.col_warps, v.v_in_k), (1, false), "AttnTile: {}", v.name);
             for t in ["bf16, __nv_bfloat16", "f16, __half"] {
                 let (dtype, ty) = t.split_once(", ").unwrap();
                 let line = format!(
-                    "(ddtree_attention_{dtype}_{}, {ty}, {}, {}, {}, {}, {}, {}, {}, {})",
-                    v.name, v.d, v.dvc, v.warps, v.kt, v.col_warps, v.v_in_k, v.stages, v.m_tiles
+                    "(ddtree_attention_{dtype}_{}, {ty}, {}, {}, {}, {}, {}, {})",
+                    v.name, v.d, v.dvc, v.warps, v.kt, v.stages, v.m_tiles
                 );
                 assert!(entry.contains(&line), "attention.cu lacks {line}");
             }

@@ -169,31 +169,22 @@ __device__ __forceinline__ long long staged_slot(const AttentionParams& p, const
   return (page << p.page_shift) | (t & ((1ll << p.page_shift) - 1));
 }
 
-// A block's tile: kWarps warps, CW of them side by side over the value columns (each DVC
-// wide) and kWarps / CW over the query rows (16 * MT each: MT m16 tiles a warp, which share
-// every K and V fragment the warp loads, so a tile's shared-memory reads serve MT times the
-// products); KT keys per K/V tile, ST tiles in flight. With VK the values are the first dv
-// columns of the keys (MLA's absorbed form, V a view of K): the K tile serves both products
-// and no V tile is loaded.
-template <typename T, int D, int DVC, int kWarps, int KT, int CW = 1, bool VK = false,
-          int ST = 2, int MT = 1>
+// A block's tile: kWarps warps over the query rows (16 * MT each: MT m16 tiles a warp, which
+// share every K and V fragment the warp loads, so a tile's shared-memory reads serve MT
+// times the products), DVC value columns, KT keys per K/V tile, ST tiles in flight. (MLA's
+// absorbed form, V a view of K, has its own tile: attention_mla.cuh.)
+template <typename T, int D, int DVC, int kWarps, int KT, int ST = 2, int MT = 1>
 struct AttnTile {
-  static constexpr int RW = kWarps / CW;       // warps over the rows
   static constexpr int WM = 16 * MT;           // query rows per warp
-  static constexpr int BM = WM * RW;           // query rows per block
-  static constexpr int DVB = DVC * CW;         // value columns per block
+  static constexpr int BM = WM * kWarps;       // query rows per block
   static constexpr int QS = D + kAttnPad;      // shared row stride of Q and K, elements
-  static constexpr int VS = VK ? QS : DVB + kAttnPad;  // of V (the K tile itself with VK)
+  static constexpr int VS = DVC + kAttnPad;    // of V
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kStages = ST;  // K/V tiles in flight: the next loads while this computes
-  // fp32 partial scores a warp posts for its partner when CW == 2 (MT * KT / 8 * 4 per lane).
-  static constexpr size_t kSums = CW == 2 ? static_cast<size_t>(kWarps) * 32 * MT * KT / 2 : 0;
-  // Then each stage's staged page ids (KT 8-byte entries).
+  // Q, the stages' K and V rows, then each stage's staged page ids (KT 8-byte entries).
   static constexpr size_t kSmem =
-      sizeof(T) * (static_cast<size_t>(BM) * QS + kStages * KT * (QS + (VK ? 0 : VS))) +
-      sizeof(float) * kSums + sizeof(long long) * kStages * KT;
-  static_assert(kWarps % CW == 0 && CW <= 2, "CW must divide the warps (1 or 2)");
-  static_assert(CW == 1 || RW == 2, "a pair's named barriers are ids 1 and 2");
+      sizeof(T) * (static_cast<size_t>(BM) * QS + kStages * KT * (QS + VS)) +
+      sizeof(long long) * kStages * KT;
   static_assert(MT >= 1 && MT <= 2, "one or two m16 tiles a warp");
 };
 
@@ -535,9 +526,9 @@ __device__ __forceinline__ void write_rows(const AttentionParams& p, const RowsO
 
 // How many independent chains of products S = Q K^T is summed in: a warp's MN = MT * NT
 // accumulators take one product per k-step each, and an m16n8k16 product waits for the
-// previous one into its accumulator (a fixed latency of tens of cycles); MLA's tile has two
-// per k-step and 18 k-steps, so it splits the k-steps over up to 8 / MN chains, added up
-// at the end. The largest of 4, 3, 2 that divides the k-steps, or 1.
+// previous one into its accumulator (a fixed latency of tens of cycles); the d576 tile has
+// two per k-step and 36 k-steps, so it splits the k-steps over up to 8 / MN chains, added
+// up at the end. The largest of 4, 3, 2 that divides the k-steps, or 1.
 __host__ __device__ constexpr int qk_chains(int mn, int ksteps) {
   for (int r = 4; r > 1; --r)
     if (ksteps % r == 0 && mn * r <= 8) return r;
@@ -679,34 +670,28 @@ struct TileGather {
 };
 
 // One block: rows [row0, row0 + BM) of (request b, KV head g), value columns
-// [col0, col0 + DVB), keys [k_begin, k_end) of the request's P + Q, in tiles of KT keys
+// [col0, col0 + DVC), keys [k_begin, k_end) of the request's P + Q, in tiles of KT keys
 // pipelined through cp.async (the next ST - 1 tiles load while one computes). Warp w takes
-// rows WM * (w % RW) .. + WM (MT m16 tiles) and value columns DVC * (w / RW) .. + DVC of the
-// block; the CW warps of a row group share its scores (each computes D / CW of the head
-// dim), so one K tile serves all of the block's value columns.
-template <typename T, int D, int DVC, int kWarps, int KT, int CW = 1, bool VK = false,
-          int ST = 2, int MT = 1>
+// rows WM * w .. + WM (MT m16 tiles) and all of the block's value columns.
+template <typename T, int D, int DVC, int kWarps, int KT, int ST = 2, int MT = 1>
 __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
-  using Tile = AttnTile<T, D, DVC, kWarps, KT, CW, VK, ST, MT>;
+  using Tile = AttnTile<T, D, DVC, kWarps, KT, ST, MT>;
   using Mma = MmaType<T>;
   constexpr int BM = Tile::BM, WM = Tile::WM, QS = Tile::QS, VS = Tile::VS, NT = KT / 8;
-  constexpr int DVB = Tile::DVB;
   constexpr int VT = DVC / 8;  // value column tiles of a warp
-  constexpr int KC = D / 8, VC = VK ? 0 : DVB / 8;  // 16-byte chunks of a K row, a V row
+  constexpr int KC = D / 8, VC = DVC / 8;  // 16-byte chunks of a K row, a V row
   T* qs = reinterpret_cast<T*>(smem);
   T* kbuf = qs + BM * QS;                    // [kStages][KT][QS]
-  T* vbuf = kbuf + Tile::kStages * KT * QS;  // [kStages][KT][VS] (unused with VK)
-  float* sums = reinterpret_cast<float*>(vbuf + (VK ? 0 : Tile::kStages * KT * VS));  // CW 2
-  long long* ids = reinterpret_cast<long long*>(sums + Tile::kSums);  // [kStages][KT]
+  T* vbuf = kbuf + Tile::kStages * KT * QS;  // [kStages][KT][VS]
+  long long* ids = reinterpret_cast<long long*>(vbuf + Tile::kStages * KT * VS);  // [kStages][KT]
 
   AttnBlock w;
-  if (!attn_block(p, BM, DVB, w)) return;
+  if (!attn_block(p, BM, DVC, w)) return;
   const long long prefix = w.prefix, k_begin = w.k_begin, k_end = w.k_end;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int rw = warp % Tile::RW, wcol = (warp / Tile::RW) * DVC;  // rows, columns of the warp
   const int gr = lane >> 2, gc = lane & 3;  // fragment row group and column pair
 
-  // The K/V tiles' gather into the ST stages (V from the K tile with VK).
+  // The K/V tiles' gather into the ST stages.
   using Gather = TileGather<T, KT, ST, Tile::kThreads, QS, VS, KC, VC>;
   const Gather gather{p, w, kbuf, vbuf, ids};
 
@@ -721,10 +706,10 @@ __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
   const int* bits_of[MT][2];
   RowsOut out[MT];
 #pragma unroll
-  for (int i = 0; i < MT; ++i) out[i] = rows_out(p, w, rw * WM + i * 16 + gr, bits_of[i]);
+  for (int i = 0; i < MT; ++i) out[i] = rows_out(p, w, warp * WM + i * 16 + gr, bits_of[i]);
   // ldmatrix row addresses: lane l serves row l % 8 of matrix l / 8.
   const int mi = lane >> 3, mr = lane & 7;
-  const T* qa = qs + (rw * WM + mr + (mi & 1) * 8) * QS + (mi >> 1) * 8;  // m16 tile i: + 16i rows
+  const T* qa = qs + (warp * WM + mr + (mi & 1) * 8) * QS + (mi >> 1) * 8;  // m16 tile i: + 16i rows
   RowSoftmax sm[MT];
   float acc[MT][VT][4];
 #pragma unroll
@@ -736,46 +721,13 @@ __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
   for (long long kt = k_begin; kt < k_end; kt += KT, st = st + 1 == ST ? 0 : st + 1) {
     gather.next(kt, st);
     const T* ks = kbuf + st * KT * QS;
-    const T* vs = VK ? ks + w.col0 + wcol : vbuf + st * KT * VS + wcol;
+    const T* vs = vbuf + st * KT * VS;
 
     // S = Q K^T for the warp's WM rows and the tile's KT keys: each K fragment serves the
-    // warp's MT m16 tiles. The CW warps of a row group each take D / CW of the head dim,
-    // then add up their partial scores through shared memory (fp32 addition commutes, so
-    // every warp of the group holds the same S).
+    // warp's MT m16 tiles.
     float s[MT][NT][4];
     const T* kb = ks + (mr + (mi >> 1) * 8) * QS + (mi & 1) * 8;
-    const int k_first = (warp / Tile::RW) * (D / CW);
-    qk_tile<T, MT, NT, QS, D / CW / 16>(s, qa + k_first, kb + k_first);
-    if constexpr (CW == 2) {
-      // Each warp posts its partial in its slot (the block's barrier at the top of the next
-      // tile keeps a slot from being rewritten before its partner has read it), then the
-      // pair meets at a named barrier of its 64 threads and adds the partner's. A slot holds
-      // one float4 (an m16n8 fragment) per lane side by side: 512 bytes a warp-wide access,
-      // free of bank conflicts.
-      constexpr int kPer = MT * NT;  // float4s per lane
-      float4* mine = reinterpret_cast<float4*>(sums) + warp * kPer * 32 + lane;
-      const float4* theirs =
-          reinterpret_cast<const float4*>(sums) + (warp + Tile::RW) % kWarps * kPer * 32 + lane;
-#pragma unroll
-      for (int i = 0; i < MT; ++i)
-#pragma unroll
-        for (int n = 0; n < NT; ++n)
-          mine[(i * NT + n) * 32] = make_float4(s[i][n][0], s[i][n][1], s[i][n][2], s[i][n][3]);
-      if (rw == 0)  // immediate barrier ids (a register id would reserve all 16)
-        asm volatile("bar.sync 1, 64;\n" ::: "memory");
-      else
-        asm volatile("bar.sync 2, 64;\n" ::: "memory");
-#pragma unroll
-      for (int i = 0; i < MT; ++i)
-#pragma unroll
-        for (int n = 0; n < NT; ++n) {
-          const float4 o = theirs[(i * NT + n) * 32];
-          s[i][n][0] += o.x;
-          s[i][n][1] += o.y;
-          s[i][n][2] += o.z;
-          s[i][n][3] += o.w;
-        }
-    }
+    qk_tile<T, MT, NT, QS, D / 16>(s, qa, kb);
     uint32_t pa[MT][NT][2];  // P as bf16/fp16 pairs: [m16 tile][n][row half]
 #pragma unroll
     for (int i = 0; i < MT; ++i) {
@@ -806,7 +758,7 @@ __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
 #pragma unroll
   for (int i = 0; i < MT; ++i) {
     sm[i].finish();
-    write_rows<T>(p, out[i], acc[i], sm[i], wcol, gc);
+    write_rows<T>(p, out[i], acc[i], sm[i], 0, gc);
   }
 }
 
