@@ -21,6 +21,39 @@ def test_every_kernel_module_holds_sm90_and_sm120_code_and_ptx():
             assert (module, True, arch) in images, f"{module}: no compute_{arch} PTX"
 
 
+# sm_120 (RTX PRO 6000 Blackwell): 64 K registers, 100 KB of shared memory an SM, at most
+# 99 KB of it (101,376 bytes) dynamic in one block. No such GPU runs here, so its cubin is
+# read instead (ptxas's figures as written into the ELF).
+SM120_REGISTERS = 65536
+SM120_SMEM_PER_SM = 100 * 1024
+SM120_SMEM_PER_BLOCK = 99 * 1024
+
+
+def test_the_sm120_attention_tiles_fit_an_sm120_sm():
+    kernels = {k[0]: k[1:] for k in cuda.kernel_resources("attention", 120)}
+    tiles = cuda.attention_tiles()
+    assert {t[0] for t in tiles} >= {"d64", "d128", "d256", "d576", "d576vk"}
+    for name, threads, smem in tiles:
+        for dtype in ("bf16", "f16"):
+            registers, max_threads, frame, static = kernels[f"ddtree_attention_{dtype}_{name}"]
+            where = f"{dtype}_{name}: {registers} registers x {threads} threads, {smem} B"
+            assert max_threads == threads, where  # compiled for the threads it is launched with
+            assert registers * threads <= SM120_REGISTERS, where
+            assert smem <= SM120_SMEM_PER_BLOCK, where
+            assert smem + static <= SM120_SMEM_PER_SM, where
+            # A spill would put local-memory traffic on the hot loop: the MLA tile (255
+            # registers) spills a few bytes, none of the others any.
+            assert frame <= (16 if name == "d576vk" else 0), f"{where}, {frame} B of frame"
+
+
+def test_kernel_resources_read_the_cubin_for_each_target():
+    for arch in (90, 120):
+        ks = cuda.kernel_resources("candidates", arch)
+        assert ks and all(r > 0 and t > 0 for _, r, t, _, _ in ks), arch
+    assert cuda.kernel_resources("attention_sm90a", 120) is None  # Hopper-only code
+    assert cuda.kernel_resources("no_such_module", 90) is None
+
+
 def test_import_works_without_a_driver():
     import ddtree
 

@@ -83,6 +83,18 @@ def images() -> list[tuple[str, bool, int]]:
     return _core.cuda_images()
 
 
+def kernel_resources(module: str, arch: int) -> list[tuple[str, int, int, int, int]] | None:
+    """(kernel, registers, max_threads, frame_bytes, static_smem) of every kernel in a
+    module's machine code for ``arch`` (90, 120), read from the cubin compiled into this
+    build; None when it holds none."""
+    return _core.cuda_kernel_resources(module, arch)
+
+
+def attention_tiles() -> list[tuple[str, int, int]]:
+    """(name, threads, dynamic shared memory bytes) of every portable attention tile."""
+    return _core.cuda_attention_tiles()
+
+
 def maps_host(device: torch.device, pinned: torch.Tensor) -> bool:
     """Whether the driver maps a pinned host tensor into the device's address space."""
     return _core.cuda_maps_host(device_index(device), pinned)

@@ -25,6 +25,20 @@ fn u64_at(d: &[u8], at: usize) -> Option<u64> {
 /// kind 1 = PTX / 2 = ELF, header size, payload size, and the architecture at byte 28).
 /// `None` if `data` is not a well-formed fatbin.
 pub fn images(data: &[u8]) -> Option<Vec<Image>> {
+    Some(entries(data)?.into_iter().map(|(i, _)| i).collect())
+}
+
+/// The machine code (an uncompressed ELF cubin, as nvcc 13.0 writes it) for `arch`, if the
+/// fatbin holds one.
+pub fn machine_code(data: &[u8], arch: u32) -> Option<&[u8]> {
+    entries(data)?
+        .into_iter()
+        .find(|(i, _)| !i.ptx && i.arch == arch)
+        .map(|(_, payload)| payload)
+}
+
+/// Every image with its payload.
+fn entries(data: &[u8]) -> Option<Vec<(Image, &[u8])>> {
     if u32_at(data, 0)? != MAGIC {
         return None;
     }
@@ -40,15 +54,17 @@ pub fn images(data: &[u8]) -> Option<Vec<Image>> {
         let entry_header = u32_at(data, at + 4)? as usize;
         let payload = u64_at(data, at + 8)? as usize;
         let arch = u32_at(data, at + 28)?;
-        match kind {
-            1 => out.push(Image { ptx: true, arch }),
-            2 => out.push(Image { ptx: false, arch }),
-            _ => {}
-        }
-        at = at.checked_add(entry_header)?.checked_add(payload)?;
         if entry_header == 0 {
             return None;
         }
+        let start = at.checked_add(entry_header)?;
+        let body = data.get(start..start.checked_add(payload)?)?;
+        match kind {
+            1 => out.push((Image { ptx: true, arch }, body)),
+            2 => out.push((Image { ptx: false, arch }, body)),
+            _ => {}
+        }
+        at = start + payload;
     }
     Some(out)
 }
@@ -121,6 +137,14 @@ mod tests {
         );
         assert!(runs_on(&imgs, 90) && runs_on(&imgs, 120) && runs_on(&imgs, 121));
         assert!(!runs_on(&imgs, 80), "no image for an older device");
+    }
+
+    #[test]
+    fn finds_an_architectures_machine_code() {
+        let d = fatbin(&[entry(2, 90, 10), entry(1, 120, 3), entry(2, 120, 7)]);
+        assert_eq!(machine_code(&d, 120).map(<[u8]>::len), Some(7));
+        assert_eq!(machine_code(&d, 90).map(<[u8]>::len), Some(10));
+        assert_eq!(machine_code(&d, 100), None, "PTX is not machine code");
     }
 
     #[test]

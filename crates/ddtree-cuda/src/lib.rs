@@ -9,6 +9,7 @@
 mod accept;
 pub mod attention;
 mod commit;
+pub mod cubin;
 mod device;
 pub mod engine;
 pub mod fatbin;
@@ -454,8 +455,18 @@ pub fn prepare(ordinal: usize) -> Result<(), CudaError> {
     device(ordinal).map(|_| ())
 }
 
-/// The images embedded for each kernel module (for tests and diagnostics).
-pub fn embedded_images() -> Vec<(&'static str, Vec<fatbin::Image>)> {
+/// What each kernel of module `module`'s machine code for `arch` asks of an SM (registers,
+/// threads, frame, static shared memory), read from the embedded cubin; `None` when the
+/// build holds no such code (built without kernels, or another module name or arch).
+pub fn kernel_resources(module: &str, arch: u32) -> Option<Vec<cubin::KernelResources>> {
+    let data = embedded_modules()
+        .into_iter()
+        .find(|(m, _)| *m == module)?
+        .1;
+    cubin::kernel_resources(fatbin::machine_code(data, arch)?)
+}
+
+fn embedded_modules() -> [(&'static str, &'static [u8]); 7] {
     [
         ("candidates", kernels::CANDIDATES),
         ("select", kernels::SELECT),
@@ -465,9 +476,14 @@ pub fn embedded_images() -> Vec<(&'static str, Vec<fatbin::Image>)> {
         ("attention", kernels::ATTENTION),
         ("attention_sm90a", kernels::ATTENTION_SM90A),
     ]
-    .into_iter()
-    .map(|(name, data)| (name, fatbin::images(data).unwrap_or_default()))
-    .collect()
+}
+
+/// The images embedded for each kernel module (for tests and diagnostics).
+pub fn embedded_images() -> Vec<(&'static str, Vec<fatbin::Image>)> {
+    embedded_modules()
+        .into_iter()
+        .map(|(name, data)| (name, fatbin::images(data).unwrap_or_default()))
+        .collect()
 }
 
 #[cfg(all(test, feature = "kernels"))]

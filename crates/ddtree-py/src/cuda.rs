@@ -103,6 +103,39 @@ pub fn cuda_images() -> Vec<(&'static str, bool, u32)> {
         .collect()
 }
 
+/// A kernel's `(name, registers, max_threads, frame_bytes, static_smem)`.
+type Resources = (String, u32, u32, u32, u32);
+
+/// `(kernel, registers, max_threads, frame_bytes, static_smem)` of every kernel in module
+/// `module`'s machine code for `arch`, read from the embedded cubin; `None` when this build
+/// holds no such code.
+#[pyfunction]
+pub fn cuda_kernel_resources(module: &str, arch: u32) -> Option<Vec<Resources>> {
+    ddtree_cuda::kernel_resources(module, arch).map(|ks| {
+        ks.into_iter()
+            .map(|k| {
+                (
+                    k.name,
+                    k.registers,
+                    k.max_threads,
+                    k.frame_bytes,
+                    k.static_smem,
+                )
+            })
+            .collect()
+    })
+}
+
+/// `(name, threads, dynamic shared memory bytes at 2 bytes an element)` of every portable
+/// attention tile (kernel `ddtree_attention_{bf16,f16}_{name}`), as the launcher launches it.
+#[pyfunction]
+pub fn cuda_attention_tiles() -> Vec<(&'static str, usize, usize)> {
+    ddtree_cuda::attention::VARIANTS
+        .iter()
+        .map(|v| (v.name, 32 * v.warps, v.smem_bytes(2)))
+        .collect()
+}
+
 /// Loads the kernels on device `device` now (module loading is not allowed inside a graph
 /// capture, so the Stepper does it at construction).
 #[pyfunction]

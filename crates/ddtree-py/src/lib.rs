@@ -271,6 +271,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cuda::cuda_part_chunk, m)?)?;
     m.add_function(wrap_pyfunction!(cuda::cuda_full_mask, m)?)?;
     m.add_function(wrap_pyfunction!(cuda::cuda_images, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda::cuda_kernel_resources, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda::cuda_attention_tiles, m)?)?;
     m.add_function(wrap_pyfunction!(cuda::cuda_prepare, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_round::cuda_accept, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_round::cuda_shard_keys, m)?)?;
