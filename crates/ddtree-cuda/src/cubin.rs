@@ -18,6 +18,8 @@ pub struct KernelResources {
     pub static_smem: u32,
 }
 
+use crate::fatbin::{self, u16_at, u32_at};
+
 // EIATTR record ids and formats (`.nv.info` sections).
 const EIATTR_MAX_THREADS: u8 = 0x05;
 const EIATTR_FRAME_SIZE: u8 = 0x11;
@@ -26,14 +28,9 @@ const EIFMT_NVAL: u8 = 0x01;
 const EIFMT_HVAL: u8 = 0x03;
 const EIFMT_SVAL: u8 = 0x04;
 
-fn u16_at(d: &[u8], at: usize) -> Option<u16> {
-    Some(u16::from_le_bytes(d.get(at..at + 2)?.try_into().ok()?))
-}
-fn u32_at(d: &[u8], at: usize) -> Option<u32> {
-    Some(u32::from_le_bytes(d.get(at..at + 4)?.try_into().ok()?))
-}
+/// An 8-byte offset or size, as a usize.
 fn u64_at(d: &[u8], at: usize) -> Option<usize> {
-    usize::try_from(u64::from_le_bytes(d.get(at..at + 8)?.try_into().ok()?)).ok()
+    usize::try_from(fatbin::u64_at(d, at)?).ok()
 }
 
 /// A section of a 64-bit little-endian ELF: its name, contents' offset and size, and

@@ -11,13 +11,14 @@ pub struct Image {
 
 const MAGIC: u32 = 0xBA55_ED50;
 
-fn u16_at(d: &[u8], at: usize) -> Option<u16> {
+/// Little-endian integers at a byte offset (also cubin.rs's ELF reader's).
+pub(crate) fn u16_at(d: &[u8], at: usize) -> Option<u16> {
     Some(u16::from_le_bytes(d.get(at..at + 2)?.try_into().ok()?))
 }
-fn u32_at(d: &[u8], at: usize) -> Option<u32> {
+pub(crate) fn u32_at(d: &[u8], at: usize) -> Option<u32> {
     Some(u32::from_le_bytes(d.get(at..at + 4)?.try_into().ok()?))
 }
-fn u64_at(d: &[u8], at: usize) -> Option<u64> {
+pub(crate) fn u64_at(d: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_le_bytes(d.get(at..at + 8)?.try_into().ok()?))
 }
 
