@@ -32,13 +32,13 @@ DDTREE_ATTENTION(ddtree_attention_f16_d128, __half, 128, 128, 4, 32, 2, 2)
 DDTREE_ATTENTION(ddtree_attention_f16_d256, __half, 256, 128, 4, 32, 2, 1)
 DDTREE_ATTENTION(ddtree_attention_f16_d576, __half, 576, 256, 2, 16, 2, 1)
 
-// MLA's absorbed form (V the first dv ≤ 512 columns of K, head dim ≤ 576): PortableMlaTile, 64 rows
-// and every value column a block. grid (row_tiles, splits, bs * Hkv), 256 threads,
+// MLA's absorbed form (V the first dv ≤ 512 columns of K, head dim ≤ 576): PortableMlaTile,
+// 64 rows and every value column a block. grid (row_tiles, splits, bs * Hkv), 256 threads,
 // PortableMlaTile::kSmem bytes.
 #define DDTREE_ATTENTION_MLA(NAME, T)                                                   \
-  extern "C" __global__ void __launch_bounds__(ddtree::PortableMlaTile<T>::kThreads)            \
+  extern "C" __global__ void __launch_bounds__(ddtree::PortableMlaTile<T>::kThreads)    \
       NAME(const __grid_constant__ ddtree::AttentionParams p) {                         \
-    static_assert(ddtree::PortableMlaTile<T>::kSmem <= 99 * 1024,                               \
+    static_assert(ddtree::PortableMlaTile<T>::kSmem <= 99 * 1024,                       \
                   "over the 99 KB of shared memory a block may have on sm_120");        \
     extern __shared__ __align__(16) unsigned char smem[];                               \
     ddtree::attention_mla_block<T>(p, smem);                                            \

@@ -709,7 +709,8 @@ __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
   for (int i = 0; i < MT; ++i) out[i] = rows_out(p, w, warp * WM + i * 16 + gr, bits_of[i]);
   // ldmatrix row addresses: lane l serves row l % 8 of matrix l / 8.
   const int mi = lane >> 3, mr = lane & 7;
-  const T* qa = qs + (warp * WM + mr + (mi & 1) * 8) * QS + (mi >> 1) * 8;  // m16 tile i: + 16i rows
+  // m16 tile i: 16 * i rows further.
+  const T* qa = qs + (warp * WM + mr + (mi & 1) * 8) * QS + (mi >> 1) * 8;
   RowSoftmax sm[MT];
   float acc[MT][VT][4];
 #pragma unroll

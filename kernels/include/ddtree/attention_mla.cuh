@@ -4,9 +4,10 @@
 //
 // Why its own tile: every query row of a request shares each 576-wide key, so the cost is
 // how often a key tile is read — from L2 (once per block of rows) and from shared memory
-// (once per fragment a warp loads). attention_block's tile holds Q in shared memory, which
-// leaves room under 99 KB for 32 rows a block and one ldmatrix per two products. Here a
-// block takes 64 rows and Q never enters shared memory:
+// (once per fragment a warp loads). A tile that holds Q in shared memory, as
+// attention_block's do, leaves room under 99 KB for 32 rows of MLA's 576 columns a block
+// and one ldmatrix per two products (the MLA tile this one replaced). Here a block takes 64
+// rows and Q never enters shared memory:
 // * S = Q K^T: warp w takes the 16 rows of quarter w % 4 over half w / 4 of the head dim
 //   (288 columns, 18 k-steps), its Q fragments held in 72 registers for the whole split.
 //   A K fragment serves two products. The upper half's warp posts its partial S (fp32) in
@@ -14,8 +15,8 @@
 //   quarter's rows and writes P (bf16/fp16) and the rows' rescale factors to shared memory.
 // * O += P V: warp w takes value columns 64w .. 64w + 63 of all 64 rows (4 x 8 m16n8
 //   accumulators): per 16 keys, four P fragments and four V fragments feed 32 products.
-// Per tile of 32 keys a warp loads 52 fragments for 136 products (attention_block's MLA
-// tile: 52 for 68), and the block reads each key tile once per 64 rows (there: 32).
+// Per tile of 32 keys a warp loads 52 fragments for 136 products (the replaced tile: 52 for
+// 68), and the block reads each key tile once per 64 rows (there: 32).
 #pragma once
 #include "attention.cuh"
 
