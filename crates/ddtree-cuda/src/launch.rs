@@ -148,6 +148,16 @@ mod tests {
     }
 
     #[test]
+    fn the_cluster_constants_are_the_headers() {
+        // The grid's blocks a row and the launcher's shortest row must be the kernel's: a
+        // cluster size that differs from `__cluster_dims__` fails the launch, and a shorter
+        // row would leave a block without a chunk.
+        let header = include_str!("../../../kernels/include/ddtree/candidates_cluster.cuh");
+        assert!(header.contains(&format!("kCandCluster = {CANDIDATE_CLUSTER};")));
+        assert!(header.contains(&format!("kClusterMinVocab = {CLUSTER_MIN_VOCAB};")));
+    }
+
+    #[test]
     fn every_supported_shape_fits_sm120_shared_memory() {
         for budget in [1, 63, 255, 511, 1023] {
             for k in [1, budget / 2 + 1, budget] {
