@@ -623,6 +623,39 @@ struct TileGather {
     }
     cp_async_commit();
   }
+  // A tile's K rows issued chunk by chunk between other work (the MLA tile spreads them over
+  // its products, so the copies neither queue up at once nor hold the registers the
+  // instructions after them need): where this thread's chunks go and come from; `any` false
+  // when there is no tile to load.
+  struct KChunks {
+    T* dst;
+    const T* src;
+    bool valid;
+    bool any;
+  };
+  static constexpr int kChunks = KC / TPK;  // a thread's 16-byte chunks of a K row
+  // `next` without its K copies: waits for the tile at kt, stages the page ids of the tile
+  // after the one it returns the chunks of (the tile ST - 1 ahead, into the stage computed
+  // last). Issue every chunk, then commit.
+  __device__ __forceinline__ KChunks next_chunks(long long kt, int st) const {
+    static_assert(VC == 0, "K rows only");
+    cp_async_wait<ST - 2>();
+    __syncthreads();
+    const long long ahead = kt + static_cast<long long>(ST - 1) * KT;
+    const int fill = st == 0 ? ST - 1 : st - 1;
+    if (ahead >= w.k_end) return {kbuf, kbuf, false, false};
+    stage_ahead(ahead, fill);
+    const long long t = ahead + my_key();
+    const bool valid = t < w.k_end;
+    const KeyRows<T> rows =
+        key_rows_at<T>(p, w.b, w.g, w.prefix, t, slot_of(ahead, true, fill), valid, w.col0);
+    return {kbuf + (fill * KT + my_key()) * QS, rows.k, valid, true};
+  }
+  // Chunk i (< kChunks) of this thread's K row.
+  __device__ __forceinline__ void issue_chunk(const KChunks& c, int i) const {
+    const int col = (my_part() + i * TPK) * 8;
+    if (c.any) cp_async16(c.dst + col, c.src + col, c.valid && col < p.dqk);
+  }
   // The pool slot of this thread's key in the tile at kt (0 for a tree node or a key past
   // the split): read from the page table (`staged`: from the tile's staged page ids).
   __device__ __forceinline__ long long slot_of(long long kt, bool staged, int st) const {

@@ -17,6 +17,11 @@
 //   accumulators): per 16 keys, four P fragments and four V fragments feed 32 products.
 // Per tile of 32 keys a warp loads 52 fragments for 136 products (the replaced tile: 52 for
 // 68), and the block reads each key tile once per 64 rows (there: 32).
+// The next tile's cp.async copies (nine 16-byte chunks a thread) go out one every other
+// k-step of S rather than all at once: issued together they queued at the load unit and
+// held their address registers, which the instructions after them then waited for (Nsight
+// Compute put a quarter of the warps' stall samples there); spread, they cost 10-15 %
+// less time (BENCHMARKS.md, session 22).
 #pragma once
 #include "attention.cuh"
 
@@ -68,14 +73,16 @@ __device__ __forceinline__ void q_fragments(uint32_t (&qf)[KSTEPS][4], const T* 
 
 // S = Q K^T over KSTEPS k-steps for one m16 tile and NT n8 tiles of keys, Q from registers:
 // kb is this lane's ldmatrix address of the first key's first column, rows QS apart.
-template <typename T, int NT, int QS, int KSTEPS>
+// at_step(j) runs before k-step j's products (the next tile's copies, spread over them).
+template <typename T, int NT, int QS, int KSTEPS, typename AtStep>
 __device__ __forceinline__ void qk_from_registers(float (&s)[NT][4],
-                                                  const uint32_t (&qf)[KSTEPS][4],
-                                                  const T* kb) {
+                                                  const uint32_t (&qf)[KSTEPS][4], const T* kb,
+                                                  AtStep at_step) {
 #pragma unroll
   for (int n = 0; n < NT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll
-  for (int j = 0; j < KSTEPS; ++j)
+  for (int j = 0; j < KSTEPS; ++j) {
+    at_step(j);
 #pragma unroll
     for (int n = 0; n < NT; n += 2) {
       uint32_t bf[4];  // keys n*8.. (k 0-7, 8-15), then keys n*8+8..
@@ -83,6 +90,7 @@ __device__ __forceinline__ void qk_from_registers(float (&s)[NT][4],
       MmaType<T>::mma(s[n], qf[j], bf);
       MmaType<T>::mma(s[n + 1], qf[j], bf + 2);
     }
+  }
 }
 
 // Named barrier `id` (1 to 4) of the 64 threads of a quarter's two warps: the lower warp
@@ -153,10 +161,15 @@ __device__ void attention_mla_block(const AttentionParams& p, unsigned char* sme
 
   int st = 0;
   for (long long kt = w.k_begin; kt < w.k_end; kt += KT, st = st + 1 == ST ? 0 : st + 1) {
-    gather.next(kt, st);
+    // The next tile's copies go out one chunk every other k-step of this tile's S.
+    const typename Gather::KChunks copies = gather.next_chunks(kt, st);
     const T* ks = kbuf + st * KT * QS;
     float s[NT][4];
-    qk_from_registers<T, NT, QS, KSTEPS>(s, qf, ks + k_off);
+    static_assert(2 * Gather::kChunks <= KSTEPS, "a chunk every other k-step");
+    qk_from_registers<T, NT, QS, KSTEPS>(s, qf, ks + k_off, [&](int j) {
+      if (j % 2 == 1) gather.issue_chunk(copies, j / 2);
+    });
+    cp_async_commit();
     float4* slot = sums + quarter * NT * 32 + lane;
     if (upper) {
 #pragma unroll
