@@ -5,7 +5,8 @@
 # Logs go to $OUT. STEPS selects parts: "tests portable sanitize bench loop attention" (default:
 # all; "portable" re-runs the attention tests, and "attention-portable" the attention bench,
 # through the portable kernel that compute capability 9.0 otherwise skips; "attention-sm120"
-# the same bench at sm_120's occupancy (DDTREE_ATTENTION=sm120);
+# the same bench at sm_120's occupancy (DDTREE_ATTENTION=sm120); "attention-ab" times
+# ddtree's attention alone with two builds, WHEELS and WHEELS_B, in turn (tests/attention_ab.py);
 # "host" times the host side of each Stepper call; "tp" the vocab-parallel build on CUDA
 # (tests; with two GPUs, `bench --vocab-parallel --device cuda`); "parts" breaks one attention shape's
 # call into its kernels and gaps (PARTS_ARGS: family bs N prefixes); "hunt" adds issue
@@ -116,6 +117,27 @@ for step in $STEPS; do
         limit env DDTREE_ATTENTION=portable python3 -m ddtree bench --attention ${ATTN_ARGS:-} \
             >"$OUT/bench-attention-portable.txt" 2>&1 || status=1
         cat "$OUT/bench-attention-portable.txt" ;;
+    attention-ab)
+        # Two builds in one call: WHEELS (A) and WHEELS_B (B) installed in turn, AB_PASSES
+        # (default 2) passes each of `bench --attention --no-sdpa ATTN_ARGS` (through
+        # DDTREE_ATTENTION=AB_ATTENTION when set), then tests/attention_ab.py's table; A is
+        # installed again for the steps after.
+        for _ in $(seq "${AB_PASSES:-2}"); do
+            for side in A B; do
+                wheel=${WHEELS:-wheels}
+                [ "$side" = B ] && wheel=${WHEELS_B:?the attention-ab step needs WHEELS_B}
+                rm -rf /tmp/site
+                pip install --no-index --no-deps --target /tmp/site "$wheel"/ddtree-*.whl \
+                    >/tmp/install.log 2>&1 || { cat /tmp/install.log; status=1; }
+                limit env ${AB_ATTENTION:+DDTREE_ATTENTION=$AB_ATTENTION} python3 -m ddtree bench \
+                    --attention --no-sdpa ${ATTN_ARGS:-} >>"$OUT/ab-$side.txt" 2>&1 || status=1
+            done
+        done
+        python3 tests/attention_ab.py "$OUT/ab-A.txt" "$OUT/ab-B.txt" "${WHEELS:-wheels}" "$WHEELS_B" \
+            | tee "$OUT/attention-ab.txt"
+        rm -rf /tmp/site
+        pip install --no-index --no-deps --target /tmp/site "${WHEELS:-wheels}"/ddtree-*.whl \
+            >/tmp/install.log 2>&1 || status=1 ;;
     attention-sm120)
         limit env DDTREE_ATTENTION=sm120 python3 -m ddtree bench --attention ${ATTN_ARGS:-} \
             >"$OUT/bench-attention-sm120.txt" 2>&1 || status=1

@@ -50,6 +50,12 @@ def parser() -> argparse.ArgumentParser:
         help="head shapes: MLA with 8 or 16 query heads, GQA",
     )
     p.add_argument("--reps", type=int, default=30, help="timed calls per row (median)")
+    p.add_argument(
+        "--no-sdpa",
+        action="store_true",
+        help="time ddtree alone, without the SDPA columns: for comparing two builds in one "
+        "device call (tests/attention_ab.py)",
+    )
     return p
 
 
@@ -136,11 +142,8 @@ def call(family, bs, n, prefix, device):
     return c, ws, lambda: _attention.tree_attention(**c, out=out, workspace=ws)
 
 
-def row(family, bs, n, prefix, reps, flush, device):
-    c, ws, ours_fn = call(family, bs, n, prefix, device)
-    hq, hkv, dqk, dv, _ = shapes(family)
-    q_nodes = c["tree"].width
-    ours = timed(ours_fn, reps, flush)
+def sdpa_cells(c, family, bs, prefix, reps, flush) -> dict:
+    """The SDPA baselines' times (or why a backend refused the shape)."""
     flash, masked = sdpa_fns(c, family, bs, prefix)
     cells = {}
     for name, fn in (("sdpa_flash_nomask", flash), ("sdpa_dense_mask", masked)):
@@ -149,6 +152,18 @@ def row(family, bs, n, prefix, reps, flush, device):
         except (RuntimeError, torch.cuda.OutOfMemoryError) as e:  # a backend refusing a shape
             cells[name] = f"n/a ({type(e).__name__})"
         torch.cuda.empty_cache()
+    return cells
+
+
+def row(family, bs, n, prefix, reps, flush, device, sdpa=True):
+    c, ws, ours_fn = call(family, bs, n, prefix, device)
+    hq, hkv, dqk, dv, _ = shapes(family)
+    q_nodes = c["tree"].width
+    ours = timed(ours_fn, reps, flush)
+    if sdpa:
+        cells = sdpa_cells(c, family, bs, prefix, reps, flush)
+    else:
+        cells = dict.fromkeys(("sdpa_flash_nomask", "sdpa_dense_mask"), "not run")
     flops = 2 * bs * q_nodes * hq * (prefix + q_nodes / 2) * (dqk + dv)
     kv_bytes = bs * prefix * hkv * (dqk + (0 if family.startswith("mla") else dv)) * 2
     return {
@@ -182,7 +197,7 @@ def main(argv=None) -> int:
         for bs in args.bs:
             for n in args.n:
                 for prefix in args.prefix:
-                    r = row(family, bs, n, prefix, args.reps, flush, device)
+                    r = row(family, bs, n, prefix, args.reps, flush, device, not args.no_sdpa)
                     print(format_row(r), flush=True)
                     torch.cuda.empty_cache()
     return 0
