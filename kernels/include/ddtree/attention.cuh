@@ -639,12 +639,9 @@ struct TileGather {
   // last). Issue every chunk, then commit.
   __device__ __forceinline__ KChunks next_chunks(long long kt, int st) const {
     static_assert(VC == 0, "K rows only");
-    cp_async_wait<ST - 2>();
-    __syncthreads();
-    const long long ahead = kt + static_cast<long long>(ST - 1) * KT;
-    const int fill = st == 0 ? ST - 1 : st - 1;
-    if (ahead >= w.k_end) return {kbuf, kbuf, false, false};
-    stage_ahead(ahead, fill);
+    long long ahead;
+    int fill;
+    if (!refill(kt, st, ahead, fill)) return {kbuf, kbuf, false, false};
     const long long t = ahead + my_key();
     const bool valid = t < w.k_end;
     const KeyRows<T> rows =
@@ -689,16 +686,25 @@ struct TileGather {
   // (every warp has passed the barrier, so it is free) with the tile ST - 1 ahead; an empty
   // group past the end.
   __device__ __forceinline__ void next(long long kt, int st) const {
+    long long ahead;
+    int fill;
+    if (refill(kt, st, ahead, fill))
+      issue(ahead, fill, slot_of(ahead, true, fill));
+    else
+      cp_async_commit();
+  }
+  // next's first half: waits for the tile at kt (stage st), and unless the tile ST - 1
+  // ahead is past the split (false), sets it and the stage it refills and stages the page
+  // ids of the tile after it.
+  __device__ __forceinline__ bool refill(long long kt, int st, long long& ahead,
+                                         int& fill) const {
     cp_async_wait<ST - 2>();
     __syncthreads();
-    const long long ahead = kt + static_cast<long long>(ST - 1) * KT;
-    const int fill = st == 0 ? ST - 1 : st - 1;
-    if (ahead < w.k_end) {
-      stage_ahead(ahead, fill);
-      issue(ahead, fill, slot_of(ahead, true, fill));
-    } else {
-      cp_async_commit();
-    }
+    ahead = kt + static_cast<long long>(ST - 1) * KT;
+    fill = st == 0 ? ST - 1 : st - 1;
+    if (ahead >= w.k_end) return false;
+    stage_ahead(ahead, fill);
+    return true;
   }
 };
 

@@ -20,8 +20,8 @@
 // The next tile's cp.async copies (nine 16-byte chunks a thread) go out one every other
 // k-step of S rather than all at once: issued together they queued at the load unit and
 // held their address registers, which the instructions after them then waited for (Nsight
-// Compute put a quarter of the warps' stall samples there); spread, they cost 10-15 %
-// less time (BENCHMARKS.md, session 22).
+// Compute put a quarter of the warps' stall samples there); spread, the tile is 1.02-1.21x
+// faster on the H200 (BENCHMARKS.md, session 22).
 #pragma once
 #include "attention.cuh"
 
