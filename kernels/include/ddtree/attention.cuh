@@ -603,34 +603,43 @@ struct TileGather {
   __device__ __forceinline__ int my_key() const { return threadIdx.x / TPK; }
   __device__ __forceinline__ int my_part() const { return threadIdx.x % TPK; }
 
+  // Where this thread's key of the tile at kt goes in stage st (its K and V rows) and where
+  // it comes from (`slot`: its pool slot, when a prefix token); `valid` false past the split.
+  struct KeyCopy {
+    T* k;
+    T* v;
+    KeyRows<T> src;
+    bool valid;
+  };
+  __device__ __forceinline__ KeyCopy key_copy(long long kt, int st, long long slot) const {
+    const long long t = kt + my_key();
+    const bool valid = t < w.k_end;
+    return {kbuf + (st * KT + my_key()) * QS, vbuf + (st * KT + my_key()) * VS,
+            key_rows_at<T>(p, w.b, w.g, w.prefix, t, slot, valid, w.col0), valid};
+  }
+  // 16-byte chunk i (< KC / TPK) of this thread's K row.
+  __device__ __forceinline__ void copy_k_chunk(const KeyCopy& c, int i) const {
+    const int col = (my_part() + i * TPK) * 8;
+    cp_async16(c.k + col, c.src.k + col, c.valid && col < p.dqk);
+  }
   // Issues (and commits) the loads of the tile at key kt into stage `st`, this thread's
   // key's prefix rows from pool slot `slot`.
   __device__ __forceinline__ void issue(long long kt, int st, long long slot) const {
-    T* ks = kbuf + (st * KT + my_key()) * QS;
-    T* vs = vbuf + (st * KT + my_key()) * VS;
-    const long long t = kt + my_key();
-    const bool valid = t < w.k_end;
-    const KeyRows<T> rows = key_rows_at<T>(p, w.b, w.g, w.prefix, t, slot, valid, w.col0);
+    const KeyCopy c = key_copy(kt, st, slot);
 #pragma unroll
-    for (int i = 0; i < KC / TPK; ++i) {
-      const int c = (my_part() + i * TPK) * 8;
-      cp_async16(ks + c, rows.k + c, valid && c < p.dqk);
-    }
+    for (int i = 0; i < KC / TPK; ++i) copy_k_chunk(c, i);
 #pragma unroll
     for (int i = 0; i < VC / TPK; ++i) {
-      const int c = (my_part() + i * TPK) * 8;
-      cp_async16(vs + c, rows.v + c, valid && c < w.dv_here);
+      const int col = (my_part() + i * TPK) * 8;
+      cp_async16(c.v + col, c.src.v + col, c.valid && col < w.dv_here);
     }
     cp_async_commit();
   }
   // A tile's K rows issued chunk by chunk between other work (the MLA tile spreads them over
   // its products, so the copies neither queue up at once nor hold the registers the
-  // instructions after them need): where this thread's chunks go and come from; `any` false
-  // when there is no tile to load.
+  // instructions after them need); `any` false when there is no tile to load.
   struct KChunks {
-    T* dst;
-    const T* src;
-    bool valid;
+    KeyCopy key;
     bool any;
   };
   static constexpr int kChunks = KC / TPK;  // a thread's 16-byte chunks of a K row
@@ -641,17 +650,12 @@ struct TileGather {
     static_assert(VC == 0, "K rows only");
     long long ahead;
     int fill;
-    if (!refill(kt, st, ahead, fill)) return {kbuf, kbuf, false, false};
-    const long long t = ahead + my_key();
-    const bool valid = t < w.k_end;
-    const KeyRows<T> rows =
-        key_rows_at<T>(p, w.b, w.g, w.prefix, t, slot_of(ahead, true, fill), valid, w.col0);
-    return {kbuf + (fill * KT + my_key()) * QS, rows.k, valid, true};
+    if (!refill(kt, st, ahead, fill)) return {{kbuf, vbuf, {kbuf, vbuf}, false}, false};
+    return {key_copy(ahead, fill, slot_of(ahead, true, fill)), true};
   }
   // Chunk i (< kChunks) of this thread's K row.
   __device__ __forceinline__ void issue_chunk(const KChunks& c, int i) const {
-    const int col = (my_part() + i * TPK) * 8;
-    if (c.any) cp_async16(c.dst + col, c.src + col, c.valid && col < p.dqk);
+    if (c.any) copy_k_chunk(c.key, i);
   }
   // The pool slot of this thread's key in the tile at kt (0 for a tree node or a key past
   // the split): read from the page table (`staged`: from the tile's staged page ids).
