@@ -165,7 +165,7 @@ __device__ void attention_mla_block(const AttentionParams& p, unsigned char* sme
     const typename Gather::KChunks copies = gather.next_chunks(kt, st);
     const T* ks = kbuf + st * KT * QS;
     float s[NT][4];
-    static_assert(2 * Gather::kChunks <= KSTEPS, "a chunk every other k-step");
+    static_assert(2 * Gather::kChunks == KSTEPS, "a chunk every other k-step, every chunk");
     qk_from_registers<T, NT, QS, KSTEPS>(s, qf, ks + k_off, [&](int j) {
       if (j % 2 == 1) gather.issue_chunk(copies, j / 2);
     });
