@@ -20,9 +20,14 @@ set -u
 OUT=${OUT:-/tmp/ddtree-gpu-out}
 STEPS=${STEPS:-"tests portable sanitize bench loop attention"}
 mkdir -p "$OUT"
-rm -rf /tmp/site  # a warm machine keeps the last wheel; pip --target would not replace it
-pip install --no-index --no-deps --target /tmp/site "${WHEELS:-wheels}"/ddtree-*.whl >/tmp/install.log 2>&1 \
-    || { cat /tmp/install.log; exit 1; }
+# Installs the wheel in folder $1 into /tmp/site, in place of any other (a warm machine
+# keeps the last wheel; pip --target would not replace it).
+install_wheel() {
+    rm -rf /tmp/site
+    pip install --no-index --no-deps --target /tmp/site "$1"/ddtree-*.whl >/tmp/install.log 2>&1 \
+        || { cat /tmp/install.log; return 1; }
+}
+install_wheel "${WHEELS:-wheels}" || exit 1
 export PYTHONPATH=/tmp/site
 # Each command of a step gets STEP_SECONDS (default 300): a kernel that hangs fails its step
 # (exit 124) instead of spending the device call's whole time.
@@ -126,18 +131,14 @@ for step in $STEPS; do
             for side in A B; do
                 wheel=${WHEELS:-wheels}
                 [ "$side" = B ] && wheel=${WHEELS_B:?the attention-ab step needs WHEELS_B}
-                rm -rf /tmp/site
-                pip install --no-index --no-deps --target /tmp/site "$wheel"/ddtree-*.whl \
-                    >/tmp/install.log 2>&1 || { cat /tmp/install.log; status=1; }
+                install_wheel "$wheel" || status=1
                 limit env ${AB_ATTENTION:+DDTREE_ATTENTION=$AB_ATTENTION} python3 -m ddtree bench \
                     --attention --no-sdpa ${ATTN_ARGS:-} >>"$OUT/ab-$side.txt" 2>&1 || status=1
             done
         done
         python3 tests/attention_ab.py "$OUT/ab-A.txt" "$OUT/ab-B.txt" "${WHEELS:-wheels}" "$WHEELS_B" \
             | tee "$OUT/attention-ab.txt"
-        rm -rf /tmp/site
-        pip install --no-index --no-deps --target /tmp/site "${WHEELS:-wheels}"/ddtree-*.whl \
-            >/tmp/install.log 2>&1 || status=1 ;;
+        install_wheel "${WHEELS:-wheels}" || status=1 ;;
     attention-sm120)
         limit env DDTREE_ATTENTION=sm120 python3 -m ddtree bench --attention ${ATTN_ARGS:-} \
             >"$OUT/bench-attention-sm120.txt" 2>&1 || status=1
