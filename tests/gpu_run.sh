@@ -6,7 +6,8 @@
 # all; "portable" re-runs the attention tests, and "attention-portable" the attention bench,
 # through the portable kernel that compute capability 9.0 otherwise skips; "attention-sm120"
 # the same bench at sm_120's occupancy (DDTREE_ATTENTION=sm120); "attention-ab" times
-# ddtree's attention alone with two builds, WHEELS and WHEELS_B, in turn (tests/attention_ab.py);
+# ddtree's attention alone with two builds, WHEELS and WHEELS_B, in turn (tests/attention_ab.py),
+# and "build-ab" the build bench (BENCH_ARGS) the same way;
 # "host" times the host side of each Stepper call; "tp" the vocab-parallel build on CUDA
 # (tests; with two GPUs, `bench --vocab-parallel --device cuda`); "parts" breaks one attention shape's
 # call into its kernels and gaps (PARTS_ARGS: family bs N prefixes); "hunt" adds issue
@@ -138,6 +139,21 @@ for step in $STEPS; do
         done
         python3 tests/attention_ab.py "$OUT/ab-A.txt" "$OUT/ab-B.txt" "${WHEELS:-wheels}" "$WHEELS_B" \
             | tee "$OUT/attention-ab.txt"
+        install_wheel "${WHEELS:-wheels}" || status=1 ;;
+    build-ab)
+        # The build bench (BENCH_ARGS) with two builds, WHEELS (A) and WHEELS_B (B), in
+        # turn, AB_PASSES (default 2) passes each, into build-A.txt and build-B.txt; A is
+        # installed again for the steps after.
+        for _ in $(seq "${AB_PASSES:-2}"); do
+            for side in A B; do
+                wheel=${WHEELS:-wheels}
+                [ "$side" = B ] && wheel=${WHEELS_B:?the build-ab step needs WHEELS_B}
+                install_wheel "$wheel" || status=1
+                limit python3 -m ddtree.bench_gpu ${BENCH_ARGS:-} >>"$OUT/build-$side.txt" 2>&1 \
+                    || status=1
+            done
+        done
+        tail -n 12 "$OUT/build-A.txt" "$OUT/build-B.txt"
         install_wheel "${WHEELS:-wheels}" || status=1 ;;
     attention-sm120)
         limit env DDTREE_ATTENTION=sm120 python3 -m ddtree bench --attention ${ATTN_ARGS:-} \

@@ -106,3 +106,46 @@ def test_the_fp32_exponent_misses_on_these_rows():
     """What session 20 fixed: x - m rounded in fp32 repeats its error in every tied term."""
     off = [ulps_off(emulated_z(row, fp32_exponent=True), row) for row in rows(None, seed=5)]
     assert max(off) > 1.0
+
+
+def all_values(dtype: str) -> np.ndarray:
+    """Every finite value of a 16-bit float type, and -inf, as float32."""
+    bits = np.arange(1 << 16, dtype=np.uint32)
+    if dtype == "bfloat16":
+        values = (bits << np.uint32(16)).view(F32)
+    else:
+        values = bits.astype(np.uint16).view(np.float16).astype(F32)
+    values = values[np.isfinite(values)]
+    return np.concatenate([values, np.array([-np.inf], F32)])
+
+
+def maxima(values: np.ndarray) -> np.ndarray:
+    """Row maxima of the fast grade: at or above kFastAtOrAbove, at or below kFastAtOrBelow."""
+    fast = values[(values >= F32(8)) | (values <= F32(-29.5))]
+    pick = np.random.default_rng(1).choice(fast, 300, replace=False)
+    edges = np.array([8.0, -29.5, -32.0, 9.0, 1024.0, 65504.0], F32)
+    return np.concatenate([pick, edges])
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_the_far_run_error_is_twosums_where_the_term_counts(dtype):
+    """far_term16 takes the exponent's rounding error by Fast2Sum, x - (d + m), where
+    fixed_term takes TwoSum's: for every value of the type below every fast-grade maximum
+    (x <= m) whose term the far path computes (-40 < d <= -3), the two errors are equal, so
+    the 16-bit runs sum fixed_term's integers."""
+    header = HEADER.read_text()
+    assert "const float err = x - (d + m);" in header
+    values = all_values(dtype)
+    checked = inexact = 0
+    for m in maxima(values):
+        x = values[values <= m]
+        with np.errstate(invalid="ignore", over="ignore"):
+            d = (x - m).astype(F32)
+            bb = (d - x).astype(F32)
+            two_sum = ((x - (d - bb)).astype(F32) + (F32(-m) - bb)).astype(F32)
+            fast_two_sum = (x - (d + m).astype(F32)).astype(F32)
+        computed = (d > F32(-40)) & (d <= F32(-3))
+        assert np.array_equal(two_sum[computed], fast_two_sum[computed]), f"m = {m}"
+        checked += int(computed.sum())
+        inexact += int((two_sum[computed] != 0).sum())
+    assert checked > 100_000 and inexact > 1_000  # rows where the error is folded back

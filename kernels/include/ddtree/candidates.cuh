@@ -13,6 +13,7 @@
 #pragma once
 #include "common.cuh"
 #include "fixed_sum.cuh"
+#include "runs.cuh"
 
 namespace ddtree {
 
@@ -39,6 +40,7 @@ struct CandShared {
   int tie_count;  // entries in ties
   int sel_bin;    // threshold bin of the current digit
   int sel_above;  // tokens in bins above it
+  uint32_t kth_above;  // warp_crossing_digit's count: entries in digits above the chosen one
 };
 
 // Dynamic shared memory every candidates launch asks for (launch.rs: CANDIDATE_SMEM).
@@ -49,39 +51,24 @@ __device__ __forceinline__ uint64_t composite(uint32_t key, int id) {
   return (static_cast<uint64_t>(key) << 32) | (0xffffffffu - static_cast<uint32_t>(id));
 }
 
-// Calls f(id, value) for every token of a row. Unit-stride rows aligned to 16 bytes take
-// 16-byte loads, four in flight per thread (the row is read at memory speed, not latency);
-// other strides take scalar loads, eight in flight. Visit order is unspecified.
+// Calls f(id, value) for every token of a row: aligned unit-stride rows in 16-byte runs
+// (runs.cuh), other strides by scalar loads, eight in flight. Visit order is unspecified.
 template <typename T, typename F>
 __device__ __forceinline__ void for_each_in_row(const T* __restrict__ row, long long stride, int V,
                                                 F&& f) {
-  constexpr int kVec = 16 / sizeof(T);
-  constexpr int kUnroll = 4;
-  const int step = blockDim.x;
-  if (stride == 1 && (reinterpret_cast<uintptr_t>(row) & 15) == 0) {
-    const int nvec = V / kVec;
-    const uint4* vrow = reinterpret_cast<const uint4*>(row);
-    int i = threadIdx.x;
-    for (; i + (kUnroll - 1) * step < nvec; i += kUnroll * step) {
-      uint4 v[kUnroll];
+  if (reads_in_runs(row, stride)) {
+    for_each_run(
+        row, V,
+        [&](int id0, const uint4& v) {
+          float x[kRun<T>];
+          unpack_run<T>(v, x);
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) v[u] = __ldg(vrow + i + u * step);
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const T* e = reinterpret_cast<const T*>(&v[u]);
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) f((i + u * step) * kVec + j, to_f32(e[j]));
-      }
-    }
-    for (; i < nvec; i += step) {
-      const uint4 v = __ldg(vrow + i);
-      const T* e = reinterpret_cast<const T*>(&v);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) f(i * kVec + j, to_f32(e[j]));
-    }
-    for (int id = nvec * kVec + threadIdx.x; id < V; id += step) f(id, to_f32(row[id]));
+          for (int j = 0; j < kRun<T>; ++j) f(id0 + j, x[j]);
+        },
+        f);
     return;
   }
+  const int step = blockDim.x;
   constexpr int kScalar = 8;
   int base = 0;
   for (; base + kScalar * step <= V; base += kScalar * step) {
@@ -157,9 +144,12 @@ __device__ void take_top_ties(CandShared& s, int n, int needed, int known) {
       if (matches(low)) atomicAdd(&s.small_hist[(low >> shift) & ((1u << digit) - 1)], 1u);
     }
     __syncthreads();
-    find_threshold(s, s.small_hist, 1 << digit, needed);
+    if (threadIdx.x < kWarp) {  // one warp finds the threshold digit (bins above 2^digit are 0)
+      warp_crossing_digit(s.small_hist, static_cast<uint32_t>(needed), &s.sel_bin, &s.kth_above);
+    }
+    __syncthreads();
     const uint32_t bin = s.sel_bin;
-    const int rest = needed - s.sel_above;  // still needed from the threshold bin
+    const int rest = needed - static_cast<int>(s.kth_above);  // still needed from its bin
     const bool take_bin = static_cast<int>(s.small_hist[bin]) == rest;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
       const uint64_t low = s.ties[i] & low_mask;
@@ -174,8 +164,36 @@ __device__ void take_top_ties(CandShared& s, int n, int needed, int known) {
   }
 }
 
-// Bitonic sort of s.cand[0..n) descending, n <= kMaxK, padded to a power of two.
+// Sorts s.cand[0..n) descending by rank, in two barriers: an entry's place is the number of
+// entries above it (the keys are distinct: their ids differ), counted by `split` adjacent
+// lanes over a share of the others each; the sorted list is written to s.ties (free once
+// the candidates are collected) and copied back.
+__device__ void rank_sort_candidates(CandShared& s, int n) {
+  int split = 1;  // lanes an entry, a power of two up to a warp
+  while (split < kWarp && n * split * 2 <= static_cast<int>(blockDim.x)) split *= 2;
+  const int per_pass = blockDim.x / split;
+  const int part = threadIdx.x % split;
+  for (int e0 = 0; e0 < n; e0 += per_pass) {
+    const int e = e0 + static_cast<int>(threadIdx.x) / split;
+    const uint64_t mine = e < n ? s.cand[e] : 0;
+    int above = 0;
+    for (int j = part; e < n && j < n; j += split) above += s.cand[j] > mine ? 1 : 0;
+    for (int o = split / 2; o > 0; o >>= 1) above += __shfl_xor_sync(0xffffffffu, above, o);
+    if (e < n && part == 0) s.ties[above] = mine;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < n; i += blockDim.x) s.cand[i] = s.ties[i];
+  __syncthreads();
+}
+
+// Sorts s.cand[0..n) descending, n <= kMaxK: by rank where that is a few dozen compares a
+// thread, else by a bitonic network padded to a power of two (one barrier a step: 36 for
+// n = 256, 55 for 1024).
 __device__ void sort_candidates(CandShared& s, int n) {
+  if (n * n <= 64 * static_cast<int>(blockDim.x)) {
+    rank_sort_candidates(s, n);
+    return;
+  }
   int p = 1;
   while (p < n) p <<= 1;
   for (int i = n + threadIdx.x; i < p; i += blockDim.x) s.cand[i] = 0;
@@ -220,32 +238,28 @@ __device__ void collect_by_id(const T* __restrict__ row, long long stride, int V
   }
 }
 
-// The K-th largest of the block's per-thread keys (K <= blockDim.x): a bitonic sort of
-// one key per thread, in the candidate buffer (unused until the final collect).
+// The K-th largest of the block's per-thread keys (K <= blockDim.x), or a key below it
+// that no value of the row's type lies between: a radix select, 8 bits a round from the
+// top, one key a thread, until `kKeyBits` (KeyBits: the bits a key of the type can vary
+// in) are decided; the undecided low bits are returned as 0. Three barriers a round.
+template <int kKeyBits>
 __device__ uint32_t kth_largest_thread_key(CandShared& s, uint32_t mine, int K) {
-  uint32_t* keys = reinterpret_cast<uint32_t*>(s.cand);
-  const int n = blockDim.x;  // a power of two
-  keys[threadIdx.x] = mine;
-  __syncthreads();
-  for (int size = 2; size <= n; size <<= 1) {
-    for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      const int i = threadIdx.x;
-      if (i < n / 2) {
-        const int lo = 2 * i - (i & (stride - 1));
-        const int hi = lo + stride;
-        const bool desc = ((lo & size) == 0);
-        const uint32_t a = keys[lo], b = keys[hi];
-        if ((a < b) == desc) {
-          keys[lo] = b;
-          keys[hi] = a;
-        }
-      }
-      __syncthreads();
-    }
+  uint32_t prefix = 0;  // the decided high bits
+  uint32_t need = K;    // keys still needed at or above the prefix
+  int decided = 0;
+  for (; decided < kKeyBits; decided += 8) {
+    for (int b = threadIdx.x; b < kSmallBins; b += blockDim.x) s.small_hist[b] = 0;
+    __syncthreads();
+    const int shift = 24 - decided;
+    if (decided == 0 || (mine >> (shift + 8)) == prefix) hist_add(s.small_hist, (mine >> shift) & 255u);
+    __syncthreads();
+    if (threadIdx.x < kWarp) warp_crossing_digit(s.small_hist, need, &s.sel_bin, &s.kth_above);
+    __syncthreads();
+    prefix = (prefix << 8) | static_cast<uint32_t>(s.sel_bin);
+    need -= s.kth_above;
   }
-  const uint32_t kth = keys[K - 1];
-  __syncthreads();
-  return kth;
+  __syncthreads();  // every thread has read sel_bin before anyone writes it again
+  return prefix << (32 - decided);
 }
 
 // The fallback: radix select on the key, 12-bit digits over the whole row, then the
@@ -355,29 +369,97 @@ __device__ void write_candidates(const T* __restrict__ row, long long stride, in
   write_sorted(row, stride, K, z, s.cand, lp, ti, eligible, bad, s);
 }
 
+// Pass 1 of top_k_pass: this thread's largest value (NaN ignored) and whether it saw a NaN
+// or +inf; 16-bit rows in packed pairs.
+template <typename T>
+__device__ __forceinline__ void max_pass(const T* __restrict__ row, long long stride, int V,
+                                         float* local_max, int* local_bad) {
+  float mx = -INFINITY;
+  int bad = 0;
+  const auto one = [&](int, float x) {
+    bad |= (isnan(x) || x == INFINITY) ? 1 : 0;
+    mx = fmaxf(mx, x);
+  };
+  if constexpr (kPacked<T>) {
+    if (reads_in_runs(row, stride)) {
+      PackedMax<T> packed;
+      for_each_run(row, V, [&](int, const uint4& v) { packed.add(v); }, one);
+      mx = fmaxf(mx, packed.value());
+      bad |= packed.bad() ? 1 : 0;
+      *local_max = mx;
+      *local_bad = bad;
+      return;
+    }
+  }
+  for_each_in_row(row, stride, V, one);
+  *local_max = mx;
+  *local_bad = bad;
+}
+
+// Pass 2 of top_k_pass: every value's term into `sum` (against `shift`, in `grade`), and
+// every token whose key is at least `floor_key` into s.ties (up to kTieCap; s.tie_count
+// counts them all). 16-bit runs are routed whole: a run far below the shift (fast grade)
+// sums as far terms, a run under the floor collects nothing.
+template <typename T, typename Sum, typename Grade>
+__device__ __forceinline__ void sum_and_collect(const T* __restrict__ row, long long stride,
+                                                int V, float shift, Grade grade,
+                                                uint32_t floor_key, Sum& sum, CandShared& s) {
+  const auto collect = [&](int id, float x) {
+    const uint32_t key = float_key(x);
+    if (key >= floor_key) {
+      const int slot = atomicAdd(&s.tie_count, 1);
+      if (slot < kTieCap) s.ties[slot] = composite(key, id);
+    }
+  };
+  const auto one = [&](int id, float x) {
+    sum.add(x, shift, grade);
+    collect(id, x);
+  };
+  if constexpr (kPacked<T>) {
+    if (reads_in_runs(row, stride)) {
+      for_each_run(
+          row, V,
+          [&](int id0, const uint4& v) {
+            const float top = run_max<T>(v);
+            float x[kRun<T>];
+            unpack_run<T>(v, x);
+            if (float_key(top) >= floor_key) {
+#pragma unroll
+              for (int j = 0; j < kRun<T>; ++j) collect(id0 + j, x[j]);
+            }
+            if (kFastGrade<Grade> && !(top - shift > kNearBelowMax)) {
+              sum.add_far(x, shift);
+            } else {
+#pragma unroll
+              for (int j = 0; j < kRun<T>; ++j) sum.add(x[j], shift, grade);
+            }
+          },
+          one);
+      return;
+    }
+  }
+  for_each_in_row(row, stride, V, one);
+}
+
 // Stage 1's two reads of `V` tokens (a row, or a chunk of one) for their top K, K <= V:
 // pass 1 finds NaN / +inf and the maximum; `combine(m, bad)` may then widen both to a whole
 // row that several blocks share (candidates_cluster.cuh), and *max_out gets the result;
-// pass 2 calls each(x, shift, grade) on every value, shift being that maximum (0 when
-// every value is -inf) and grade the row's normaliser grade as a type (fixed_sum.cuh: the
-// loop is compiled once per grade, so a term pays for its own grade only), and collects
-// the top K into s.cand, unsorted. Returns 1, with nothing collected, when a NaN or +inf
-// was seen.
+// pass 2 adds every value's term to `sum` (TermSum or NoSum, runs.cuh) against the shift,
+// that maximum (0 when every value is -inf), in the row's normaliser grade (fixed_sum.cuh),
+// and collects the top K into s.cand, unsorted. Returns 1, with nothing collected, when a
+// NaN or +inf was seen.
 struct OneBlock {  // the default `combine`: the block reads the whole row
   __device__ void operator()(float&, int&) const {}
 };
 
-template <typename T, typename Each, typename Combine = OneBlock>
+template <typename T, typename Sum, typename Combine = OneBlock>
 __device__ int top_k_pass(const T* __restrict__ row, long long stride, int V, int K,
-                          CandShared& s, float* max_out, Each&& each,
+                          CandShared& s, float* max_out, Sum& sum,
                           Combine&& combine = Combine{}) {
   if (threadIdx.x == 0) s.count = s.tie_count = 0;
-  int local_bad = 0;
-  float local_max = -INFINITY;
-  for_each_in_row(row, stride, V, [&](int, float x) {
-    local_bad |= (isnan(x) || x == INFINITY) ? 1 : 0;
-    local_max = fmaxf(local_max, x);
-  });
+  int local_bad;
+  float local_max;
+  max_pass(row, stride, V, &local_max, &local_bad);
   int bad = block_any(local_bad, s.iscratch);
   float m = block_max(local_max, s.fscratch);
   combine(m, bad);
@@ -389,16 +471,9 @@ __device__ int top_k_pass(const T* __restrict__ row, long long stride, int V, in
   // maxima are K of the row's tokens), so pass 2 keeps only tokens at or above it: usually a
   // few times K, selected among exactly in shared memory. Ties beyond kTieCap fall back to
   // the radix select over the whole row.
-  const uint32_t floor_key = kth_largest_thread_key(s, float_key(local_max), K);
+  const uint32_t floor_key = kth_largest_thread_key<KeyBits<T>::value>(s, float_key(local_max), K);
   with_grade(shift, [&](auto grade) {
-    for_each_in_row(row, stride, V, [&](int id, float x) {
-      each(x, shift, grade);
-      const uint32_t key = float_key(x);
-      if (key >= floor_key) {
-        const int slot = atomicAdd(&s.tie_count, 1);
-        if (slot < kTieCap) s.ties[slot] = composite(key, id);
-      }
-    });
+    sum_and_collect(row, stride, V, shift, grade, floor_key, sum, s);
   });
   __syncthreads();
   const int kept = s.tie_count;
@@ -417,17 +492,14 @@ __device__ void candidates_row(const T* __restrict__ row, long long stride, int 
                                float* __restrict__ lp, long long* __restrict__ ti,
                                int* __restrict__ eligible, int* __restrict__ bad,
                                CandShared& s) {
-  U128 sum{0ull, 0ull};
+  TermSum terms;
   float m;
-  const auto add_term = [&](float x, float shift, auto grade) {
-    sum = add128(sum, fixed_term(x, shift, grade));
-  };
-  if (top_k_pass(row, stride, V, K, s, &m, add_term)) {
+  if (top_k_pass(row, stride, V, K, s, &m, terms)) {
     write_rejected(K, lp, ti, eligible, bad);
     return;
   }
   // Normaliser: Z = fp32(m + ln(sum exp(x - m))), the sum in fixed point (fixed_sum.cuh).
-  sum = block_sum128(sum, s.uscratch);
+  const U128 sum = block_sum128(terms.total, s.uscratch);
   const float z = (m == -INFINITY) ? -INFINITY : fixed_normaliser(m, sum);
   write_candidates(row, stride, K, z, lp, ti, eligible, bad, s);
 }

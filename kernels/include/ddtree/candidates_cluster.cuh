@@ -136,17 +136,14 @@ __device__ void candidates_cluster_row(const T* __restrict__ row, long long stri
   const int rank = static_cast<int>(cluster.block_rank());
   const int2 part = cluster_chunk(V, rank);
   const int k = min(K, part.y);
-  U128 sum{0ull, 0ull};
+  TermSum terms;
   float m;
-  const auto add_term = [&](float x, float shift, auto grade) {
-    sum = add128(sum, fixed_term(x, shift, grade));
-  };
   const T* chunk = row + static_cast<long long>(part.x) * stride;
-  if (top_k_pass(chunk, stride, part.y, k, s, &m, add_term, RowOverCluster{slot})) {
+  if (top_k_pass(chunk, stride, part.y, k, s, &m, terms, RowOverCluster{slot})) {
     if (rank == 0) write_rejected(K, lp, ti, eligible, bad);
     return;  // the flag is the row's: every block returns here
   }
-  sum = block_sum128(sum, s.uscratch);
+  const U128 sum = block_sum128(terms.total, s.uscratch);
   sort_candidates(s, k);
   // The list's ids are the chunk's: (key, ~id) less the chunk's first token is the global
   // (the order stays: keys with equal values keep ids ascending).

@@ -28,6 +28,13 @@ constexpr float kFastAtOrBelow = -29.5f;
 // The two grades as types, so that a loop over a row is compiled once for each.
 struct Fast {};
 struct Precise {};
+template <typename G>
+constexpr bool kFastGrade = false;
+template <>
+constexpr bool kFastGrade<Fast> = true;
+
+// In the fast grade, a term within 3 of the maximum (d > kNearBelowMax) is a float64 exp.
+constexpr float kNearBelowMax = -3.0f;
 
 // Whether the row whose maximum is `m` sums precise terms (an all -inf row, m = 0 by its
 // caller's shift, sums nothing either way).
@@ -80,7 +87,7 @@ __device__ __forceinline__ U128 fixed_term(float x, float m, Precise) {
 
 __device__ __forceinline__ U128 fixed_term(float x, float m, Fast) {
   const float d = x - m;
-  if (d > -3.0f) {
+  if (d > kNearBelowMax) {
     const double exact = static_cast<double>(x) - static_cast<double>(m);
     return {__double2ull_rn(exp(exact) * kFastUnit), 0ull};
   }
@@ -88,6 +95,22 @@ __device__ __forceinline__ U128 fixed_term(float x, float m, Fast) {
   const float err = two_diff_error(x, m, d);
   const float t = expf(d);
   return {__float2ull_rn(fmaf(t, err, t) * static_cast<float>(kFastUnit)), 0ull};
+}
+
+// fixed_term(x, m, Fast{}).lo for a bf16 or fp16 value x with fp32(x - m) <= -3, in fewer
+// instructions and no branch, bit for bit:
+//  * the subtraction's error by Fast2Sum, x - (d + m) (2 adds for TwoSum's 5). Fast2Sum is
+//    exact when |m| >= |x|. Otherwise x < -|m| and, in the fast grade (|m| >= 8), d itself
+//    is exact (then both give 0) unless x's exponent exceeds m's by 16 (bf16; 13 for fp16),
+//    where d < -2^15 * 8 and the term is 0 anyway.
+//  * the term under -40 selected to 0 after it is computed (that is where fixed_term
+//    returns early; a -inf x makes the error NaN, which the select drops).
+__device__ __forceinline__ unsigned long long far_term16(float x, float m) {
+  const float d = x - m;
+  const float err = x - (d + m);
+  const float t = expf(d);
+  const float units = fmaf(t, err, t) * static_cast<float>(kFastUnit);
+  return __float2ull_rn(d > -40.0f ? units : 0.0f);
 }
 
 __device__ __forceinline__ U128 warp_sum128(U128 v) {

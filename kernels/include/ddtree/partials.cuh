@@ -24,7 +24,8 @@ __device__ void partial_row(const T* __restrict__ part, long long stride, int le
                             int* __restrict__ bad_out, CandShared& s) {
   const int k = min(K, len);
   float m;
-  const int bad = top_k_pass(part, stride, len, k, s, &m, [](float, float, auto) {});
+  NoSum none;
+  const int bad = top_k_pass(part, stride, len, k, s, &m, none);
   if (threadIdx.x == 0) {
     *max_out = m;
     *bad_out = bad;

@@ -1,0 +1,131 @@
+// Stage 1's reads of a row in 16-byte runs (eight bf16/fp16 values, four fp32): a run is
+// tested once — its maximum against the candidate floor and against the normaliser's
+// "near the maximum" bound — so the common case (a run far below both) pays no per-token
+// branch, and 16-bit runs are reduced as packed pairs (one instruction for two tokens).
+// Every per-token result is the one the per-token code gives: the run tests only route
+// tokens, and the far terms are fixed_term's bits (fixed_sum.cuh: far_term16).
+#pragma once
+#include "common.cuh"
+#include "fixed_sum.cuh"
+
+namespace ddtree {
+
+// The packed pair of a 16-bit type (none for fp32: its runs are unpacked).
+template <typename T> struct PairOf;
+template <> struct PairOf<__nv_bfloat16> { using type = __nv_bfloat162; };
+template <> struct PairOf<__half> { using type = __half2; };
+
+template <typename T>
+constexpr bool kPacked = sizeof(T) == 2;
+
+template <typename T>
+constexpr int kRun = 16 / sizeof(T);  // values in a 16-byte run
+
+// Whether a row is read in runs: unit stride, 16-byte aligned.
+template <typename T>
+__device__ __forceinline__ bool reads_in_runs(const T* row, long long stride) {
+  return stride == 1 && (reinterpret_cast<uintptr_t>(row) & 15) == 0;
+}
+
+// Calls run(id0, v) on every whole 16-byte run v (tokens id0 .. id0 + kRun - 1) of a row
+// that reads_in_runs, four loads in flight per thread (the row is read at memory speed, not
+// latency), and one(id, x) on the tokens after the last whole run. Visit order unspecified.
+template <typename T, typename Run, typename One>
+__device__ __forceinline__ void for_each_run(const T* __restrict__ row, int V, Run&& run,
+                                             One&& one) {
+  constexpr int kUnroll = 4;
+  const int step = blockDim.x;
+  const int nvec = V / kRun<T>;
+  const uint4* vrow = reinterpret_cast<const uint4*>(row);
+  int i = threadIdx.x;
+  for (; i + (kUnroll - 1) * step < nvec; i += kUnroll * step) {
+    uint4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) v[u] = __ldg(vrow + i + u * step);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) run((i + u * step) * kRun<T>, v[u]);
+  }
+  for (; i < nvec; i += step) run(i * kRun<T>, __ldg(vrow + i));
+  for (int id = nvec * kRun<T> + threadIdx.x; id < V; id += step) one(id, to_f32(row[id]));
+}
+
+// The run's values, upcast, into x.
+template <typename T>
+__device__ __forceinline__ void unpack_run(const uint4& v, float (&x)[kRun<T>]) {
+  const T* e = reinterpret_cast<const T*>(&v);
+#pragma unroll
+  for (int j = 0; j < kRun<T>; ++j) x[j] = to_f32(e[j]);
+}
+
+template <typename T>
+__device__ __forceinline__ typename PairOf<T>::type pair_at(const uint4& v, int w) {
+  const uint32_t word = w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w;
+  return *reinterpret_cast<const typename PairOf<T>::type*>(&word);
+}
+
+// The largest value of a 16-bit run (NaN-free: pass 2 never sees a NaN).
+template <typename T>
+__device__ __forceinline__ float run_max(const uint4& v) {
+  const auto p = __hmax2(__hmax2(pair_at<T>(v, 0), pair_at<T>(v, 1)),
+                         __hmax2(pair_at<T>(v, 2), pair_at<T>(v, 3)));
+  return fmaxf(to_f32(p.x), to_f32(p.y));
+}
+
+// Pass 1 over a 16-bit row's runs: the largest value (NaN ignored) and a NaN-propagating
+// maximum (NaN once a NaN was seen), two packed instructions a pair of tokens.
+template <typename T>
+struct PackedMax {
+  using P = typename PairOf<T>::type;
+  P max, nan_max;
+
+  __device__ __forceinline__ PackedMax() {
+    const T ninf = from_f32<T>(-INFINITY);
+    max = nan_max = P{ninf, ninf};
+  }
+
+  __device__ __forceinline__ void add(const uint4& v) {
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      max = __hmax2(max, pair_at<T>(v, w));
+      nan_max = __hmax2_nan(nan_max, pair_at<T>(v, w));
+    }
+  }
+
+  __device__ __forceinline__ float value() const { return fmaxf(to_f32(max.x), to_f32(max.y)); }
+
+  // NaN or +inf among the runs' tokens.
+  __device__ __forceinline__ bool bad() const {
+    const float a = to_f32(nan_max.x), b = to_f32(nan_max.y);
+    return isnan(a) || isnan(b) || a == INFINITY || b == INFINITY;
+  }
+};
+
+// A thread's share of a row's fixed-point sum (fixed_sum.cuh).
+struct TermSum {
+  U128 total{0ull, 0ull};
+
+  template <typename G>
+  __device__ __forceinline__ void add(float x, float m, G grade) {
+    total = add128(total, fixed_term(x, m, grade));
+  }
+
+  // A 16-bit run whose every value is 3 or more below m (kNearBelowMax), in the fast
+  // grade: its terms, at most 2^47.7 units each, summed in 64 bits and carried once.
+  template <int N>
+  __device__ __forceinline__ void add_far(const float (&x)[N], float m) {
+    unsigned long long run = 0;
+#pragma unroll
+    for (int j = 0; j < N; ++j) run += far_term16(x[j], m);
+    total = add128(total, U128{run, 0ull});
+  }
+};
+
+// No sum (a part's top-K pass: partials.cuh sums the parts once the row's maximum is known).
+struct NoSum {
+  template <typename G>
+  __device__ __forceinline__ void add(float, float, G) {}
+  template <int N>
+  __device__ __forceinline__ void add_far(const float (&)[N], float) {}
+};
+
+}  // namespace ddtree
