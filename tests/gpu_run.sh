@@ -28,6 +28,20 @@ install_wheel() {
     pip install --no-index --no-deps --target /tmp/site "$1"/ddtree-*.whl >/tmp/install.log 2>&1 \
         || { cat /tmp/install.log; return 1; }
 }
+# The two-build steps: runs "${@:2}" AB_PASSES (default 2) times with the wheels of WHEELS
+# (A) and WHEELS_B (B) installed in turn, appending to $OUT/$1-A.txt and $OUT/$1-B.txt.
+ab_runs() {
+    local name=$1 side wheel
+    shift
+    for _ in $(seq "${AB_PASSES:-2}"); do
+        for side in A B; do
+            wheel=${WHEELS:-wheels}
+            [ "$side" = B ] && wheel=${WHEELS_B:?the $name step needs WHEELS_B}
+            install_wheel "$wheel" || status=1
+            limit "$@" >>"$OUT/$name-$side.txt" 2>&1 || status=1
+        done
+    done
+}
 install_wheel "${WHEELS:-wheels}" || exit 1
 export PYTHONPATH=/tmp/site
 # Each command of a step gets STEP_SECONDS (default 300): a kernel that hangs fails its step
@@ -128,15 +142,8 @@ for step in $STEPS; do
         # (default 2) passes each of `bench --attention --no-sdpa ATTN_ARGS` (through
         # DDTREE_ATTENTION=AB_ATTENTION when set), then tests/attention_ab.py's table; A is
         # installed again for the steps after.
-        for _ in $(seq "${AB_PASSES:-2}"); do
-            for side in A B; do
-                wheel=${WHEELS:-wheels}
-                [ "$side" = B ] && wheel=${WHEELS_B:?the attention-ab step needs WHEELS_B}
-                install_wheel "$wheel" || status=1
-                limit env ${AB_ATTENTION:+DDTREE_ATTENTION=$AB_ATTENTION} python3 -m ddtree bench \
-                    --attention --no-sdpa ${ATTN_ARGS:-} >>"$OUT/ab-$side.txt" 2>&1 || status=1
-            done
-        done
+        ab_runs ab env ${AB_ATTENTION:+DDTREE_ATTENTION=$AB_ATTENTION} python3 -m ddtree bench \
+            --attention --no-sdpa ${ATTN_ARGS:-}
         python3 tests/attention_ab.py "$OUT/ab-A.txt" "$OUT/ab-B.txt" "${WHEELS:-wheels}" "$WHEELS_B" \
             | tee "$OUT/attention-ab.txt"
         install_wheel "${WHEELS:-wheels}" || status=1 ;;
@@ -144,15 +151,7 @@ for step in $STEPS; do
         # The build bench (BENCH_ARGS) with two builds, WHEELS (A) and WHEELS_B (B), in
         # turn, AB_PASSES (default 2) passes each, into build-A.txt and build-B.txt; A is
         # installed again for the steps after.
-        for _ in $(seq "${AB_PASSES:-2}"); do
-            for side in A B; do
-                wheel=${WHEELS:-wheels}
-                [ "$side" = B ] && wheel=${WHEELS_B:?the build-ab step needs WHEELS_B}
-                install_wheel "$wheel" || status=1
-                limit python3 -m ddtree.bench_gpu ${BENCH_ARGS:-} >>"$OUT/build-$side.txt" 2>&1 \
-                    || status=1
-            done
-        done
+        ab_runs build python3 -m ddtree.bench_gpu ${BENCH_ARGS:-}
         tail -n 12 "$OUT/build-A.txt" "$OUT/build-B.txt"
         install_wheel "${WHEELS:-wheels}" || status=1 ;;
     attention-sm120)
