@@ -9,7 +9,8 @@
 // `top_k_pass` is those two reads for any run of tokens: partials.cuh runs it on chunks.
 // When too many tokens tie for shared memory, radix_select_row takes over: 12-bit digit
 // histograms over the whole row, then the tied tokens by id (an id-ordered block scan).
-// The K (key, id) pairs are sorted by a bitonic network in shared memory.
+// The K (key, id) pairs are sorted in shared memory, by rank when K is small, else by a
+// bitonic network. Aligned unit-stride 16-bit rows are read in 16-byte runs (runs.cuh).
 #pragma once
 #include "common.cuh"
 #include "fixed_sum.cuh"
