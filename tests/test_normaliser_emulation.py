@@ -40,6 +40,12 @@ def precise_sum(exact: np.ndarray) -> tuple[int, float]:
     return int(top.astype(np.int64).sum()) * 2**64 + big_sum(low), 2.0**80
 
 
+def two_sum_error(x: np.ndarray, m: F32, d: np.ndarray) -> np.ndarray:
+    """fixed_sum.cuh's two_diff_error: x - m = d + error exactly (TwoSum, in float32)."""
+    bb = (d - x).astype(F32)
+    return ((x - (d - bb)).astype(F32) + (F32(-m) - bb)).astype(F32)
+
+
 def fast_sum(x: np.ndarray, m: F32, exact: np.ndarray, fp32_exponent: bool) -> tuple[int, float]:
     """Float64 terms within 3 of the maximum, fp32 terms below, in units of 2^-52; the fp32
     difference's rounding error folded back (TwoSum), unless `fp32_exponent` (the old way)."""
@@ -47,8 +53,7 @@ def fast_sum(x: np.ndarray, m: F32, exact: np.ndarray, fp32_exponent: bool) -> t
         d = (x - m).astype(F32)
         near = d > F32(-3)
         far = ~near & (d > F32(-40))
-        bb = (d - x).astype(F32)
-        err = ((x - (d - bb)).astype(F32) + (F32(-m) - bb)).astype(F32)
+        err = two_sum_error(x, m, d)
         if fp32_exponent:
             err = np.zeros_like(err)
         t = np.exp(d).astype(np.float64)
@@ -121,9 +126,10 @@ def all_values(dtype: str) -> np.ndarray:
 
 def maxima(values: np.ndarray) -> np.ndarray:
     """Row maxima of the fast grade: at or above kFastAtOrAbove, at or below kFastAtOrBelow."""
-    fast = values[(values >= F32(8)) | (values <= F32(-29.5))]
+    below, above = (F32(e) for e in PRECISE_MAX)
+    fast = values[(values >= above) | (values <= below)]
     pick = np.random.default_rng(1).choice(fast, 300, replace=False)
-    edges = np.array([8.0, -29.5, -32.0, 9.0, 1024.0, 65504.0], F32)
+    edges = np.array([above, below, -32.0, 9.0, 1024.0, 65504.0], F32)
     return np.concatenate([pick, edges])
 
 
@@ -141,8 +147,7 @@ def test_the_far_run_error_is_twosums_where_the_term_counts(dtype):
         x = values[values <= m]
         with np.errstate(invalid="ignore", over="ignore"):
             d = (x - m).astype(F32)
-            bb = (d - x).astype(F32)
-            two_sum = ((x - (d - bb)).astype(F32) + (F32(-m) - bb)).astype(F32)
+            two_sum = two_sum_error(x, m, d)
             fast_two_sum = (x - (d + m).astype(F32)).astype(F32)
         computed = (d > F32(-40)) & (d <= F32(-3))
         assert np.array_equal(two_sum[computed], fast_two_sum[computed]), f"m = {m}"

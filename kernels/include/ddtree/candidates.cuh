@@ -381,18 +381,17 @@ __device__ __forceinline__ void max_pass(const T* __restrict__ row, long long st
     bad |= (isnan(x) || x == INFINITY) ? 1 : 0;
     mx = fmaxf(mx, x);
   };
+  bool packed_runs = false;
   if constexpr (kPacked<T>) {
-    if (reads_in_runs(row, stride)) {
+    packed_runs = reads_in_runs(row, stride);
+    if (packed_runs) {
       PackedMax<T> packed;
       for_each_run(row, V, [&](int, const uint4& v) { packed.add(v); }, one);
       mx = fmaxf(mx, packed.value());
       bad |= packed.bad() ? 1 : 0;
-      *local_max = mx;
-      *local_bad = bad;
-      return;
     }
   }
-  for_each_in_row(row, stride, V, one);
+  if (!packed_runs) for_each_in_row(row, stride, V, one);
   *local_max = mx;
   *local_bad = bad;
 }

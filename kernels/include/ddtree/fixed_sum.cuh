@@ -33,8 +33,10 @@ constexpr bool kFastGrade = false;
 template <>
 constexpr bool kFastGrade<Fast> = true;
 
-// In the fast grade, a term within 3 of the maximum (d > kNearBelowMax) is a float64 exp.
+// In the fast grade, a term within 3 of the maximum (d > kNearBelowMax) is a float64 exp,
+// and a term at or below kZeroAtOrBelow is 0 (under half a unit).
 constexpr float kNearBelowMax = -3.0f;
+constexpr float kZeroAtOrBelow = -40.0f;
 
 // Whether the row whose maximum is `m` sums precise terms (an all -inf row, m = 0 by its
 // caller's shift, sums nothing either way).
@@ -91,7 +93,7 @@ __device__ __forceinline__ U128 fixed_term(float x, float m, Fast) {
     const double exact = static_cast<double>(x) - static_cast<double>(m);
     return {__double2ull_rn(exp(exact) * kFastUnit), 0ull};
   }
-  if (!(d > -40.0f)) return {0ull, 0ull};  // under half a unit (and -inf)
+  if (!(d > kZeroAtOrBelow)) return {0ull, 0ull};  // under half a unit (and -inf)
   const float err = two_diff_error(x, m, d);
   const float t = expf(d);
   return {__float2ull_rn(fmaf(t, err, t) * static_cast<float>(kFastUnit)), 0ull};
@@ -103,14 +105,14 @@ __device__ __forceinline__ U128 fixed_term(float x, float m, Fast) {
 //    exact when |m| >= |x|. Otherwise x < -|m| and, in the fast grade (|m| >= 8), d itself
 //    is exact (then both give 0) unless x's exponent exceeds m's by 16 (bf16; 13 for fp16),
 //    where d < -2^15 * 8 and the term is 0 anyway.
-//  * the term under -40 selected to 0 after it is computed (that is where fixed_term
-//    returns early; a -inf x makes the error NaN, which the select drops).
+//  * the term at or below kZeroAtOrBelow selected to 0 after it is computed, where
+//    fixed_term returns early (a -inf x makes the error NaN, which the select drops).
 __device__ __forceinline__ unsigned long long far_term16(float x, float m) {
   const float d = x - m;
   const float err = x - (d + m);
   const float t = expf(d);
   const float units = fmaf(t, err, t) * static_cast<float>(kFastUnit);
-  return __float2ull_rn(d > -40.0f ? units : 0.0f);
+  return __float2ull_rn(d > kZeroAtOrBelow ? units : 0.0f);
 }
 
 __device__ __forceinline__ U128 warp_sum128(U128 v) {
