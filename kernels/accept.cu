@@ -1,13 +1,14 @@
 // Entry points of SPEC stage 4 (see include/ddtree/accept.cuh): a cluster of
 // kAcceptCluster blocks per request, grid (bs * kAcceptCluster). The sampling pointers are
-// null for a greedy batch; otherwise each request's temperature decides (<= 0: greedy).
-// Dynamic shared memory: each block's row slice when `cache_slice` (for the sampling
+// null for a greedy batch (the kernels without `sampled`); otherwise each request's
+// temperature decides (<= 0: greedy).
+// Dynamic shared memory: each block's row slice when kAcceptCacheSlice (for the sampling
 // passes), then the tree's links (3 * Q ints) when Q <= kLinkCap.
 #include "ddtree/accept.cuh"
 #include "ddtree/accept_shard.cuh"
 #include "ddtree/params.h"
 
-template <typename T>
+template <typename T, bool kSampling>
 __device__ void accept_entry(const ddtree::AcceptParams& p) {
   __shared__ ddtree::AcceptScratch s;
   extern __shared__ uint4 dynamic_smem[];
@@ -16,7 +17,8 @@ __device__ void accept_entry(const ddtree::AcceptParams& p) {
   const long long row = static_cast<long long>(b) * p.q, path = static_cast<long long>(b) * p.path_len;
 
   const T* logits = static_cast<const T*>(p.logits);
-  ddtree::accept_request<T>(
+  const bool cache = (p.flags & ddtree::kAcceptCacheSlice) != 0;
+  ddtree::accept_request<T, kSampling>(
       logits + b * p.s0, p.s1, p.s2, p.V, p.q, p.path_len, b, rank,
       ddtree::AcceptTree{p.tree.verify_ids + row, p.tree.first_child + row,
                          p.tree.next_sibling + row},
@@ -24,22 +26,27 @@ __device__ void accept_entry(const ddtree::AcceptParams& p) {
                         p.out.accept_index + path, p.out.accept_len + b, p.out.bonus + b,
                         p.out.status + b},
       p.sampling.temperature != nullptr ? &p.sampling : nullptr,
-      p.cache_slice ? reinterpret_cast<T*>(dynamic_smem) : nullptr,
+      (p.flags & ddtree::kAcceptExhaustive) != 0, cache ? reinterpret_cast<T*>(dynamic_smem) : nullptr,
       reinterpret_cast<int*>(dynamic_smem) +
-          (p.cache_slice ? ddtree::accept_slice_len(p.V) * sizeof(T) / sizeof(int) : 0),
+          (cache ? ddtree::accept_slice_len(p.V) * sizeof(T) / sizeof(int) : 0),
       s);
 }
 
-#define DDTREE_ACCEPT(NAME, T)                                                       \
+// A greedy batch runs the kernel without the sampling code (its registers are the draw's
+// to spend); a sampled batch the one with it, where a request at temperature 0 is greedy.
+#define DDTREE_ACCEPT(NAME, T, SAMPLING)                                             \
   extern "C" __global__ void __cluster_dims__(ddtree::kAcceptCluster, 1, 1)          \
       __launch_bounds__(ddtree::kAcceptThreads, ddtree::kMinAcceptBlocks)            \
           NAME(const __grid_constant__ ddtree::AcceptParams p) {                     \
-    accept_entry<T>(p);                                                              \
+    accept_entry<T, SAMPLING>(p);                                                    \
   }
 
-DDTREE_ACCEPT(ddtree_accept_f32, float)
-DDTREE_ACCEPT(ddtree_accept_f16, __half)
-DDTREE_ACCEPT(ddtree_accept_bf16, __nv_bfloat16)
+DDTREE_ACCEPT(ddtree_accept_f32, float, false)
+DDTREE_ACCEPT(ddtree_accept_f16, __half, false)
+DDTREE_ACCEPT(ddtree_accept_bf16, __nv_bfloat16, false)
+DDTREE_ACCEPT(ddtree_accept_sampled_f32, float, true)
+DDTREE_ACCEPT(ddtree_accept_sampled_f16, __half, true)
+DDTREE_ACCEPT(ddtree_accept_sampled_bf16, __nv_bfloat16, true)
 
 // Advances the generator's offset after a sampling accept, so that the next call (or the
 // next replay of a graph that captured it) draws fresh numbers.

@@ -7,7 +7,8 @@
 # through the portable kernel that compute capability 9.0 otherwise skips; "attention-sm120"
 # the same bench at sm_120's occupancy (DDTREE_ATTENTION=sm120); "attention-ab" times
 # ddtree's attention alone with two builds, WHEELS and WHEELS_B, in turn (tests/attention_ab.py),
-# and "build-ab" the build bench (BENCH_ARGS) the same way;
+# and "build-ab" the build bench (BENCH_ARGS) the same way; "sampling" times sampled against
+# greedy accept, the shortlist's draw against sample_row's (and WHEELS_B's, when set);
 # "host" times the host side of each Stepper call; "tp" the vocab-parallel build on CUDA
 # (tests; with two GPUs, `bench --vocab-parallel --device cuda`); "parts" breaks one attention shape's
 # call into its kernels and gaps (PARTS_ARGS: family bs N prefixes); "hunt" adds issue
@@ -154,6 +155,22 @@ for step in $STEPS; do
         ab_runs build python3 -m ddtree.bench_gpu ${BENCH_ARGS:-}
         tail -n 12 "$OUT/build-A.txt" "$OUT/build-B.txt"
         install_wheel "${WHEELS:-wheels}" || status=1 ;;
+    sampling)
+        # Sampled accept against greedy (tests/gpu_sampling_bench.py, SAMPLING_ARGS): draws by
+        # shortlist, then by sample_row's passes (DDTREE_SAMPLING=exhaustive); with WHEELS_B,
+        # also B's build, then A is installed again for the steps after.
+        limit python3 tests/gpu_sampling_bench.py ${SAMPLING_ARGS:-} >"$OUT/sampling-bench.txt" 2>&1 \
+            || status=1
+        limit env DDTREE_SAMPLING=exhaustive python3 tests/gpu_sampling_bench.py ${SAMPLING_ARGS:-} \
+            >>"$OUT/sampling-bench.txt" 2>&1 || status=1
+        if [ -n "${WHEELS_B:-}" ]; then
+            install_wheel "$WHEELS_B" || status=1
+            echo "# the build of $WHEELS_B:" >>"$OUT/sampling-bench.txt"
+            limit python3 tests/gpu_sampling_bench.py ${SAMPLING_ARGS:-} >>"$OUT/sampling-bench.txt" \
+                2>&1 || status=1
+            install_wheel "${WHEELS:-wheels}" || status=1
+        fi
+        cat "$OUT/sampling-bench.txt" ;;
     attention-sm120)
         limit env DDTREE_ATTENTION=sm120 python3 -m ddtree bench --attention ${ATTN_ARGS:-} \
             >"$OUT/bench-attention-sm120.txt" 2>&1 || status=1

@@ -13,6 +13,8 @@ def round_kernels(tree, dtype, vocab, g) -> None:
     bs, q = tree.verify_ids.shape
     target = torch.randn(bs, q, vocab, device=dev, generator=g).to(dtype)
     ddtree.accept_tree(tree, target)
+    for kw in ({"top_p": 0.8}, {"top_k": 5}, {}):  # the shortlist's passes, each cut alone
+        ddtree.accept_tree(tree, target, temperature=0.9, generator=2, **kw)
     acc = ddtree.accept_tree(tree, target, temperature=0.9, top_k=5, top_p=0.8, generator=1)
     window = torch.randperm(bs * q + 5, device=dev, generator=g)[: bs * q].view(bs, q)
     ddtree.kept_slots(acc, window)

@@ -15,6 +15,11 @@ pub const SLICE_CACHE_CAP: usize = 76 * 1024;
 pub const LINK_CAP: usize = 1024;
 /// Dynamic shared memory an accept block may ask for: a slice and the links.
 pub const ACCEPT_SMEM_CAP: usize = SLICE_CACHE_CAP + 12 * LINK_CAP;
+/// `AcceptParams::flags`: each block keeps its row slice in dynamic shared memory
+/// (`kAcceptCacheSlice`); a draw takes sample_row's passes, not the shortlist's
+/// (`kAcceptExhaustive`).
+pub const ACCEPT_CACHE_SLICE: i32 = 1;
+pub const ACCEPT_EXHAUSTIVE: i32 = 2;
 /// Largest vocabulary the accept kernel's order keys hold (`kIdBits`).
 pub const ACCEPT_MAX_VOCAB: usize = 1 << 24;
 
@@ -89,7 +94,10 @@ pub(crate) fn accept_launches(
             target.shape
         )));
     }
-    let f = dev.accept[target.dtype.index()];
+    let f = match sampling {
+        Some(_) => dev.accept_sampled[target.dtype.index()],
+        None => dev.accept[target.dtype.index()],
+    };
     let [s0, s1, s2] = target.strides;
     let cache = sampling.map_or(0, |_| slice_cache_bytes(vocab, target.dtype));
     let links = if q <= LINK_CAP { 12 * q } else { 0 };
@@ -104,7 +112,7 @@ pub(crate) fn accept_launches(
         v: vocab as i32,
         q: q as i32,
         path_len: path_len as i32,
-        cache_slice: i32::from(cache > 0),
+        flags: accept_flags(cache > 0, dev.sampling_exhaustive),
     };
     let mut kernels = vec![Kernel {
         call: "cuLaunchKernel(accept)",
@@ -123,6 +131,18 @@ pub(crate) fn accept_launches(
         });
     }
     Ok((p, kernels))
+}
+
+/// `AcceptParams::flags` for a launch.
+fn accept_flags(cache_slice: bool, exhaustive: bool) -> i32 {
+    let mut flags = 0;
+    if cache_slice {
+        flags |= ACCEPT_CACHE_SLICE;
+    }
+    if exhaustive {
+        flags |= ACCEPT_EXHAUSTIVE;
+    }
+    flags
 }
 
 /// Bytes of one block's row slice (`accept_slice_len`), or 0 when it exceeds the cache cap
@@ -150,5 +170,17 @@ mod tests {
         // A 256k vocabulary in fp32 exceeds the cap: read from global memory instead.
         assert_eq!(slice_cache_bytes(262_144, Dtype::F32), 0);
         assert_eq!(slice_cache_bytes(5, Dtype::Bf16), 16);
+    }
+
+    #[test]
+    fn flags_are_the_headers_bits() {
+        // params.h: kAcceptCacheSlice = 1, kAcceptExhaustive = 2.
+        let header = include_str!("../../../kernels/include/ddtree/params.h");
+        assert!(header.contains("constexpr int kAcceptCacheSlice = 1;"));
+        assert!(header.contains("constexpr int kAcceptExhaustive = 2;"));
+        assert_eq!(accept_flags(false, false), 0);
+        assert_eq!(accept_flags(true, false), 1);
+        assert_eq!(accept_flags(false, true), 2);
+        assert_eq!(accept_flags(true, true), 3);
     }
 }

@@ -59,8 +59,10 @@ pub struct Device {
     pub select: CUfunction,
     pub emit: CUfunction,
     pub full_mask: CUfunction,
-    /// Stage 4, per target dtype (f32, f16, bf16), and the generator's advance.
+    /// Stage 4, per target dtype (f32, f16, bf16): a greedy batch's walk, a sampled
+    /// batch's (with the draw), and the generator's advance.
     pub accept: [CUfunction; 3],
+    pub accept_sampled: [CUfunction; 3],
     pub advance_rng: CUfunction,
     /// Stage 4 over a vocabulary shard: the keys per target dtype (f32, f16, bf16), and
     /// the walk along every rank's keys.
@@ -86,6 +88,10 @@ pub struct Device {
     /// shared memory that an SM holds as many blocks of it as sm_120's 100 KB would hold
     /// (`sm120_launch_smem`), so this GPU runs them at the production GPU's occupancy.
     pub sm120_occupancy: bool,
+    /// `DDTREE_SAMPLING=exhaustive` (read when the device is first used): every sampled
+    /// posterior takes sample_row's passes instead of the shortlist, for tests that compare
+    /// the two and for timing them.
+    pub sampling_exhaustive: bool,
     _modules: Vec<CUmodule>,
 }
 
@@ -189,7 +195,12 @@ impl Device {
             f(accept, "ddtree_accept_f16")?,
             f(accept, "ddtree_accept_bf16")?,
         ];
-        for a in accept_fns {
+        let accept_sampled_fns = [
+            f(accept, "ddtree_accept_sampled_f32")?,
+            f(accept, "ddtree_accept_sampled_f16")?,
+            f(accept, "ddtree_accept_sampled_bf16")?,
+        ];
+        for a in accept_fns.into_iter().chain(accept_sampled_fns) {
             allow_dynamic_smem(a, crate::accept::ACCEPT_SMEM_CAP)?;
         }
         let mode = std::env::var("DDTREE_ATTENTION").unwrap_or_default();
@@ -228,6 +239,7 @@ impl Device {
             emit: f(emit, "ddtree_emit")?,
             full_mask: f(emit, "ddtree_full_mask")?,
             accept: accept_fns,
+            accept_sampled: accept_sampled_fns,
             advance_rng: f(accept, "ddtree_advance_rng")?,
             shard_keys: [
                 f(accept, "ddtree_shard_keys_f32")?,
@@ -241,6 +253,7 @@ impl Device {
             compact_kv: f(commit, "ddtree_compact_kv")?,
             gather_hidden: f(commit, "ddtree_gather_hidden")?,
             sm120_occupancy,
+            sampling_exhaustive: std::env::var("DDTREE_SAMPLING").as_deref() == Ok("exhaustive"),
             _modules: modules,
             ctx,
         })

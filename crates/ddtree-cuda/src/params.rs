@@ -68,7 +68,8 @@ pub struct AcceptParams {
     pub v: i32,
     pub q: i32,
     pub path_len: i32,
-    pub cache_slice: i32,
+    /// `ACCEPT_CACHE_SLICE | ACCEPT_EXHAUSTIVE` bits (`kAcceptCacheSlice`, ...).
+    pub flags: i32,
 }
 
 /// SPEC stage 4 over a vocabulary shard: each node's greedy and draw keys of this rank's
@@ -234,7 +235,7 @@ mod tests {
         layout!(BuildParams, size 192, s0 8, s1 16, s2 24, roots 32, prefix 40, out 48,
                 scratch 144, budget 180, cache_lp 184, best_first 188);
         layout!(AcceptParams, size 152, s0 8, s1 16, s2 24, tree 32, out 56, sampling 104,
-                q 140, path_len 144, cache_slice 148);
+                q 140, path_len 144, flags 148);
         // The dimension fields are upper case in C++.
         for (rust, cpp, off) in [
             (

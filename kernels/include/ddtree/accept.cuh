@@ -5,7 +5,7 @@
 // The posterior of a visited node: greedy = argmax (lowest id on ties, NaN as -inf), or a
 // draw (sample.cuh). Only visited nodes are computed.
 #pragma once
-#include "sample.cuh"
+#include "shortlist.cuh"
 
 namespace ddtree {
 
@@ -140,12 +140,14 @@ __device__ void walk_request(const Links& links, AcceptOut out, int b, int path_
 }
 
 // The walk (SPEC stage 4) for request b, run by each block of its cluster; `rank` 0 writes
-// the outputs. `cache` (dynamic shared memory, or null) holds this block's row slice;
-// `local_links` has room for 3 * Q ints when Q <= kLinkCap.
-template <typename T>
+// the outputs. A draw is by shortlist (shortlist.cuh) unless `exhaustive` (sample_row's
+// passes: the same token). `cache` (dynamic shared memory, or null) holds this block's row
+// slice; `local_links` has room for 3 * Q ints when Q <= kLinkCap.
+template <typename T, bool kSampling>
 __device__ void accept_request(const T* logits, long long s1, long long s2, int V, int q,
                                int path_len, int b, int rank, AcceptTree tree, AcceptOut out,
-                               const Sampling* sampling, T* cache, int* local_links,
+                               const Sampling* sampling, bool exhaustive, T* cache,
+                               int* local_links,
                                AcceptScratch& s) {
   const float temperature = sampling ? sampling->temperature[b] : 0.0f;
   const int top_k = sampling ? sampling->top_k[b] : 0;
@@ -158,8 +160,11 @@ __device__ void accept_request(const T* logits, long long s1, long long s2, int 
   // again for the same node gives the same token).
   auto posterior = [&](int node) {
     Slice<T> slice{logits + node * s1, s2, lo, hi, cache, false};
-    if (temperature > 0.0f) {
-      return sample_row(slice, temperature, top_k, top_p, V, node_stream(stream, b, node), cl);
+    if (kSampling && temperature > 0.0f) {
+      const uint64_t draws = node_stream(stream, b, node);
+      const int token = exhaustive ? kDrawBySampleRow : draw_row(slice, temperature, top_k, top_p, V, draws, cl);
+      if (token != kDrawBySampleRow) return token;
+      return sample_row(slice, temperature, top_k, top_p, V, draws, cl);
     }
     return argmax_token(row_argmax_key(Slice<T>{slice.row, s2, lo, hi, nullptr, false}, cl));
   };

@@ -27,6 +27,12 @@ constexpr int kAcceptLoadBatch = 1;
 #else
 constexpr int kAcceptLoadBatch = 4;
 #endif
+// Draw keys a thread, a warp, a block and a cluster keep (shortlist.cuh): every warp's fit
+// one warp's lanes, as do every block's.
+constexpr int kShortlist = 4;
+constexpr int kShortlistSums = 3;  // near mass, tokens ahead of a listed one, their mass
+static_assert(kAcceptThreads / kWarp * kShortlist <= kWarp && kAcceptCluster * kShortlist <= kWarp,
+              "a shortlist merge is one warp's");
 constexpr int kIdBits = 24;              // V <= 2^24
 constexpr uint64_t kIdMask = (1ull << kIdBits) - 1;
 
@@ -46,9 +52,9 @@ struct Slice {
   bool cached;  // the cache holds this row
 
   // Calls f(id, value) for this thread's share of the slice.
-  template <typename F>
+  template <int kBatch = kAcceptLoadBatch, typename F>
   __device__ __forceinline__ void for_each(F f) const {
-    visit(
+    visit<kBatch>(
         [&](int first, const uint4& v) {
           const T* e = reinterpret_cast<const T*>(&v);
 #pragma unroll
@@ -59,7 +65,7 @@ struct Slice {
 
   // This thread's share of the slice: chunk(first id, 16 bytes) for each vector load when the
   // source is contiguous and aligned, elem(id, value) for the elements read one by one.
-  template <typename FChunk, typename FElem>
+  template <int kBatch = kAcceptLoadBatch, typename FChunk, typename FElem>
   __device__ __forceinline__ void visit(FChunk chunk, FElem elem) const {
     constexpr int kVec = 16 / sizeof(T);
     const int n = hi - lo;
@@ -70,11 +76,11 @@ struct Slice {
       const uint4* vec = reinterpret_cast<const uint4*>(src);
       uint4* store = cache != nullptr && !cached ? reinterpret_cast<uint4*>(cache) : nullptr;
       if (cached)
-        visit_vec<false>(reinterpret_cast<const uint4*>(cache), nullptr, n / kVec, chunk);
+        visit_vec<false, kBatch>(reinterpret_cast<const uint4*>(cache), nullptr, n / kVec, chunk);
       else if (store)
-        visit_vec<true>(vec, store, n / kVec, chunk);
+        visit_vec<true, kBatch>(vec, store, n / kVec, chunk);
       else
-        visit_vec<true>(vec, nullptr, n / kVec, chunk);
+        visit_vec<true, kBatch>(vec, nullptr, n / kVec, chunk);
       done = n / kVec * kVec;
     }
     const long long step = contiguous ? 1 : stride;
@@ -88,10 +94,10 @@ struct Slice {
   // The vector loop, in batches of kBatch loads issued before any is used: the walk is a
   // chain of row reads, so each read must keep many loads in flight (a store to the cache
   // between loads would otherwise order them, as the compiler cannot rule out aliasing).
-  template <bool kGlobal, typename FChunk>
+  template <bool kGlobal, int kBatch, typename FChunk>
   __device__ __forceinline__ void visit_vec(const uint4* vec, uint4* store, int chunks,
                                             FChunk chunk) const {
-    constexpr int kVec = 16 / sizeof(T), kBatch = kAcceptLoadBatch;
+    constexpr int kVec = 16 / sizeof(T);
     for (int base = threadIdx.x; base < chunks; base += kBatch * blockDim.x) {
       uint4 v[kBatch];
 #pragma unroll
@@ -117,6 +123,12 @@ __device__ __forceinline__ uint64_t order_key(float x, int id) {
 
 __device__ __forceinline__ int key_id(uint64_t key) { return static_cast<int>(kIdMask - (key & kIdMask)); }
 
+// The value an order key holds (float_key inverted; -0.0 comes back as 0.0).
+__device__ __forceinline__ float key_value(uint64_t key) {
+  const uint32_t vk = static_cast<uint32_t>(key >> kIdBits);
+  return __uint_as_float((vk & 0x80000000u) ? (vk & 0x7fffffffu) : ~vk);
+}
+
 __device__ __forceinline__ uint64_t warp_max_u64(uint64_t v) {
   for (int o = 16; o > 0; o >>= 1) {
     const uint64_t w = __shfl_xor_sync(0xffffffffu, v, o);
@@ -141,6 +153,15 @@ struct AcceptScratch {
   uint64_t pick_before;
   int pick_digit;
   int next;
+  // The draw by shortlist (shortlist.cuh): the block's running floor, the warps' and the
+  // block's shortlists, the cluster's; the warps' and blocks' sums, the cluster's.
+  uint64_t floor;
+  uint64_t warp_draws[kAcceptThreads / kWarp * kShortlist];
+  uint64_t draw_part[2][kShortlist];
+  uint64_t shortlist[kShortlist];
+  uint64_t warp_sums[kAcceptThreads / kWarp][kShortlistSums];
+  uint64_t sum_part[2][kShortlistSums];
+  uint64_t sums[kShortlistSums];
 };
 
 // Cluster-wide reductions. Every block of a cluster runs the same sequence of them (all

@@ -41,12 +41,6 @@ __device__ uint64_t shard_greedy_key(const T* row, long long stride, int V, long
   return block_reduce(key, scratch, uint64_t{0}, warp_max_u64);
 }
 
-// The value a greedy key holds (float_key inverted; -0.0 comes back as 0.0).
-__device__ __forceinline__ float key_value(uint64_t key) {
-  const uint32_t vk = static_cast<uint32_t>(key >> kIdBits);
-  return __uint_as_float((vk & 0x80000000u) ? (vk & 0x7fffffffu) : ~vk);
-}
-
 // The best draw key of a shard row whose greedy key is `greedy` (nonzero): the largest
 // score x / T + G (then the lowest id) among the shard's contenders, 0 when none.
 template <typename T>

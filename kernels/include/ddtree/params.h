@@ -144,15 +144,19 @@ struct AcceptParams {
   AcceptPtrs out;
   Sampling sampling;
   int V, q, path_len;
-  int cache_slice;  // each block keeps its row slice in dynamic shared memory
+  int flags;  // kAcceptCacheSlice | kAcceptExhaustive
 };
+// AcceptParams::flags: each block keeps its row slice in dynamic shared memory; a draw takes
+// sample_row's passes instead of the shortlist's (DDTREE_SAMPLING=exhaustive).
+constexpr int kAcceptCacheSlice = 1;
+constexpr int kAcceptExhaustive = 2;
 static_assert(sizeof(AcceptParams) == 152 && offsetof(AcceptParams, logits) == 0 &&
               offsetof(AcceptParams, s0) == 8 && offsetof(AcceptParams, s1) == 16 &&
               offsetof(AcceptParams, s2) == 24 && offsetof(AcceptParams, tree) == 32 &&
               offsetof(AcceptParams, out) == 56 && offsetof(AcceptParams, sampling) == 104 &&
               offsetof(AcceptParams, V) == 136 && offsetof(AcceptParams, q) == 140 &&
               offsetof(AcceptParams, path_len) == 144 &&
-              offsetof(AcceptParams, cache_slice) == 148,
+              offsetof(AcceptParams, flags) == 148,
               "AcceptParams layout");
 
 // SPEC stage 4 over a vocabulary shard (accept_shard.cuh, entry points in accept.cu):

@@ -39,8 +39,10 @@ struct Scale {
     if (far(x)) return kFarBin;
     return min(kFarBin - 1, static_cast<int>(nats(x) * kBinsPerNat));
   }
+  // exp(-nats) <= 1 times 2^40 is exact in float, so this is the double product's value
+  // (no FP64: sm_120 runs it at 1/64 rate).
   __device__ __forceinline__ uint64_t mass(float x) const {
-    return static_cast<uint64_t>(static_cast<double>(__expf(-nats(x))) * kMassScale);
+    return static_cast<uint64_t>(__expf(-nats(x)) * static_cast<float>(kMassScale));
   }
 };
 
@@ -195,11 +197,14 @@ __device__ __forceinline__ uint64_t splitmix(uint64_t z) {
 // bits so that it is exactly representable in (0, 1) (24 bits would round the top value to
 // 1.0 and give +inf); full-precision logs keep -log(u) accurate near u = 1. So a draw lies
 // in [-2.9, 16.7].
-__device__ __forceinline__ float gumbel(uint64_t stream, int id) {
-  const uint64_t h = splitmix(stream ^ splitmix(static_cast<uint64_t>(id)));
+__device__ __forceinline__ uint64_t draw_hash(uint64_t stream, int id) {
+  return splitmix(stream ^ splitmix(static_cast<uint64_t>(id)));
+}
+__device__ __forceinline__ float gumbel_of(uint64_t h) {
   const float u = (static_cast<float>(h >> 41) + 0.5f) * (1.0f / 8388608.0f);
   return -logf(-logf(u));
 }
+__device__ __forceinline__ float gumbel(uint64_t stream, int id) { return gumbel_of(draw_hash(stream, id)); }
 
 // The draw stream of a call (the generator's seed and offset, `rng`), then of one node of
 // request b: every block that draws for (b, node) — the walk's cluster, or a
@@ -234,10 +239,7 @@ __device__ int sample_row(Slice<T>& slice, float temperature, int top_k, float t
                           uint64_t stream, Cluster& cl) {
   const uint64_t best = row_argmax_key(slice, cl);  // also fills the slice cache
   slice.cached = slice.cache != nullptr;
-  // The largest value back from its key (float_key is invertible for non-NaN values).
-  const uint32_t vk = static_cast<uint32_t>(best >> kIdBits);
-  const uint32_t bits = (vk & 0x80000000u) ? (vk & 0x7fffffffu) : ~vk;
-  const float m = __uint_as_float(bits);
+  const float m = key_value(best);  // the largest value (float_key inverts non-NaN values)
   if (best == 0 || !(m > -INFINITY)) return argmax_token(best);  // nothing finite to draw from
   const Scale sc{m, 1.0f / temperature, m - kNearNats * temperature};
   Cut by_k = keep_all(), by_p = keep_all();
