@@ -459,6 +459,33 @@ __device__ __forceinline__ bool entry_before(uint64_t ka, unsigned xa, uint64_t 
   return ka > kb || (ka == kb && xa < xb);
 }
 
+// sort_chosen's entries [0, total) put in canonical order by rank, in two barriers: an
+// entry's place is the number of entries before it (entries are distinct: their
+// lexicographic positions differ), counted by `split` adjacent lanes over a share of the
+// others each. s.order[x] gets store path x's place, sort_aux the entries in order (through
+// s.work, free once the lexicographic positions are in sort_aux).
+__device__ void rank_chosen(Store s, int total) {
+  int split = 1;  // lanes an entry, a power of two up to a warp
+  while (split < kWarp && total * split * 2 <= kSelectThreads) split *= 2;
+  const int part = threadIdx.x % split;
+  for (int e0 = 0; e0 < total; e0 += kSelectThreads / split) {
+    const int e = e0 + static_cast<int>(threadIdx.x) / split;
+    const uint64_t ke = e < total ? s.sort_key[e] : 0;
+    const unsigned xe = e < total ? s.sort_aux[e] : 0;
+    int before = 0;
+    for (int j = part; e < total && j < total; j += split)
+      before += entry_before(s.sort_key[j], s.sort_aux[j], ke, xe) ? 1 : 0;
+    for (int o = split / 2; o > 0; o >>= 1) before += __shfl_xor_sync(0xffffffffu, before, o);
+    if (e < total && part == 0) {
+      s.order[xe & ((1u << kIndexBits) - 1)] = static_cast<short>(before);
+      s.work[before] = static_cast<int>(xe);
+    }
+  }
+  __syncthreads();
+  for (int p = threadIdx.x; p < total; p += kSelectThreads) s.sort_aux[p] = static_cast<unsigned>(s.work[p]);
+  __syncthreads();
+}
+
 // Sorts the chosen paths into canonical order by a bitonic network over (score key,
 // lexicographic position); s.order[x] = the position of store path x. Returns their count.
 __device__ int sort_chosen(Store s, int n, BlockScratch& bs) {
@@ -476,6 +503,11 @@ __device__ int sort_chosen(Store s, int n, BlockScratch& bs) {
       s.sort_key[at] = double_key(s.score[x]);
       s.sort_aux[at++] = static_cast<unsigned>(s.work[x]) << kIndexBits | x;
     }
+  }
+  if (total * total <= 128 * kSelectThreads) {
+    __syncthreads();
+    rank_chosen(s, total);
+    return total;
   }
   int size = 1;
   while (size < total) size <<= 1;
