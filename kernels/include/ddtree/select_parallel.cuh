@@ -9,7 +9,8 @@
 // value with B <= |{score >= t}| <= limit, and the store is compacted (a node below t has no
 // descendant above it). At the end a radix select finds the B-th score and lexicographic
 // comparisons settle ties there; the chosen paths get their lexicographic positions from
-// subtree sizes, and a bitonic sort on (score, that position) gives each its node index.
+// subtree sizes, and a sort on (score, that position) gives each its node index (by rank
+// where the chosen paths are few, else a bitonic network).
 //
 // Every decision is a function of block-wide sums, so the result is deterministic and equals
 // the best-first order exactly. When ties straddle every threshold (no t fits the store), the
@@ -486,8 +487,9 @@ __device__ void rank_chosen(Store s, int total) {
   __syncthreads();
 }
 
-// Sorts the chosen paths into canonical order by a bitonic network over (score key,
-// lexicographic position); s.order[x] = the position of store path x. Returns their count.
+// Sorts the chosen paths into canonical order over (score key, lexicographic position), by
+// rank_chosen when they are few, else by a bitonic network; s.order[x] = the position of
+// store path x. Returns their count.
 __device__ int sort_chosen(Store s, int n, BlockScratch& bs) {
   lex_positions(s, n, bs);
   const int base = threadIdx.x * kStoreItems;
