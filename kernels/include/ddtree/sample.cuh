@@ -72,6 +72,13 @@ struct Weight {
   __device__ __forceinline__ uint64_t of(float x) const { return mass ? sc.mass(x) : 1; }
 };
 
+// The top-p cut's target: ceil(top_p x mass) in fixed-point mass, at least 1 (select_cut's,
+// and the shortlist's test of one token against it).
+__device__ __forceinline__ uint64_t top_p_target(float top_p, uint64_t mass) {
+  const uint64_t target = static_cast<uint64_t>(ceil(static_cast<double>(top_p) * mass));
+  return target == 0 ? 1 : target;
+}
+
 // Within bin c: 8-bit radix passes over the keys of the tokens of c that `within` keeps,
 // to the key at which the running weight reaches `need`. Stops early when the crossing
 // digit's tokens are all kept (one token, or a count that takes them all).
@@ -134,7 +141,7 @@ __device__ Cut select_cut(const Slice<T>& slice, Weight w, Cut within, uint64_t 
     mass = warp_sum(mass);
     // Far tokens carry no mass; a count select (always over the whole row) counts them here.
     if (!w.mass && threadIdx.x == 0) s.total[255 - kFarBin] = s.total_cnt[255 - kFarBin] = V - near;
-    if (w.mass) target = static_cast<uint64_t>(ceil(static_cast<double>(fraction) * mass));
+    if (w.mass) target = top_p_target(fraction, mass);
     if (target == 0) target = 1;
     __syncwarp();
     warp_crossing_digit(s.total, target, &s.pick_digit, &s.pick_before);

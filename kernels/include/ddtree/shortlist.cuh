@@ -270,9 +270,7 @@ __device__ int draw_row(Slice<T>& slice, float temperature, int top_k, float top
     const uint64_t* sums = cl.s.sums;
     if (by_k && !by_p && sums[1] >= static_cast<uint64_t>(top_k)) break;
     if (!by_p) return id;
-    // select_cut's top-p target
-    uint64_t target = static_cast<uint64_t>(ceil(static_cast<double>(top_p) * sums[0]));
-    if (target == 0) target = 1;
+    const uint64_t target = top_p_target(top_p, sums[0]);
     if (sums[2] < target) return id;
   }
   return kDrawBySampleRow;
