@@ -22,12 +22,16 @@ extern "C" __global__ void __launch_bounds__(ddtree::kSelectThreads, 1)
   bs.reset_stats();
   const int b = blockIdx.x;
   const int q = budget + 1;
-  int code = 0;
-  for (int d = 0; d < L; ++d)
-    if (bad[b * L + d]) code = ddtree::kStatusNonFinite;
-  if (code == 0 && (roots[b] < 0 || roots[b] >= V)) code = ddtree::kStatusRootOutOfVocab;
-  if (code == 0 && prefix[b] < 0) code = ddtree::kStatusNegativePrefix;
+  // Every input the status and the selection start from, loaded together: one round trip
+  // to memory, not one per condition.
+  const long long root = roots[b], prefix_len = prefix[b];
   for (int d = threadIdx.x; d < L; d += blockDim.x) s_eligible[d] = min(eligible[b * L + d], K);
+  int code = 0;
+#pragma unroll
+  for (int d = 0; d < ddtree::kMaxSelectDepth; ++d)
+    if (d < L && bad[b * L + d]) code = ddtree::kStatusNonFinite;
+  if (code == 0 && (root < 0 || root >= V)) code = ddtree::kStatusRootOutOfVocab;
+  if (code == 0 && prefix_len < 0) code = ddtree::kStatusNegativePrefix;
   __syncthreads();
   const long long row = static_cast<long long>(b) * q;
   const long long cand = static_cast<long long>(b) * L * K;

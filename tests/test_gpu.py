@@ -173,6 +173,32 @@ def test_stage1_over_a_cluster_equals_one_block_a_row(chunk):
         assert_same_tree(clustered, tree_with_stages(x, roots, prefix, budget, topk, 7 | 16))
 
 
+@pytest.mark.parametrize("budget, topk, store", [(63, None, 8), (255, None, 8), (63, 8, 16)])
+def test_the_first_threshold_spares_the_raises(budget, topk, store):
+    """On DFlash-like rows the selection starts from the greedy chain's departures: the
+    parallel path runs with no threshold raise and a store of a few budgets (from -inf the
+    store overflowed at the third level and t was raised), and the tree is still the CPU
+    path's. With few candidates a depth (top-k 8) the departures bound the B-th score less
+    tightly: the store is larger (about 11 budgets on these rows), still without a raise."""
+    from ddtree import bench_gpu
+
+    x = bench_gpu.peaked_logits(4, 15, 151936, 3, DEV)
+    roots = torch.randint(0, 151936, (4,), device=DEV)
+    prefix = torch.randint(0, 4000, (4,), device=DEV)
+    stepper = ddtree.Stepper(
+        max_batch=4, budget=budget, depth=15, vocab=151936, topk=topk, device=DEV
+    )
+    tree = stepper.step(x, roots, prefix)
+    k = _api.k_of(budget, 151936, topk)
+    scratch = {n: t[: 4 * 15] for n, t in stepper._scratch.items()}
+    stats = bench_gpu.selection_stats(tree, scratch, x, roots, prefix, budget, k)
+    assert stats["parallel"] == 1.0
+    assert stats["prunes"] == 0
+    assert stats["store"] <= store * budget
+    cpu = ddtree.build_tree(x.cpu(), roots.cpu(), prefix.cpu(), budget=budget, topk=topk)
+    compare(cpu, tree, x.cpu(), roots.cpu(), prefix.cpu(), budget)
+
+
 @pytest.mark.parametrize(
     "shape, budget",
     [

@@ -166,6 +166,7 @@ STAT_NAMES = (
     "choose",
     "order",
     "write",
+    "first",
 )
 
 

@@ -4,7 +4,9 @@
 // threshold t with at least B paths at or above it. That set is prefix-closed, and a parent's
 // children in it are a prefix of its ranks (a row's LP are sorted and f64 addition is
 // monotone), so it is enumerated level by level: per parent, a binary search counts its
-// children, a block scan gives their offsets, and each thread writes a run of children. The
+// children, a block scan gives their offsets, and each thread writes a run of children. t
+// starts at a lower bound of the B-th score taken from a family of paths counted cheaply
+// (first_threshold), so the first levels list few more paths than the tree needs. The
 // store holds kStoreCap paths; when a level would overflow it, t is raised by bisection to a
 // value with B <= |{score >= t}| <= limit, and the store is compacted (a node below t has no
 // descendant above it). At the end a radix select finds the B-th score and lexicographic
@@ -78,6 +80,7 @@ enum SelectStat {
   kStatChoose,    // cycles: radix select and tie ranks
   kStatOrder,     // cycles: canonical positions
   kStatWrite,     // cycles: tree links
+  kStatFirst,     // cycles: the first threshold (first_threshold)
   kStatSlots = 16
 };
 
@@ -90,6 +93,9 @@ struct BlockScratch {
   int lo;
   int max_depth;
   int level[kMaxSelectDepth + 2];  // final store: depth d occupies [level[d], level[d + 1])
+  double chain[kMaxSelectDepth];   // first_threshold: the greedy chain's score, by depth
+  int probe[2][kWarp];             // first_threshold: a round's counts (double-buffered)
+  int family;                      // first_threshold: how many departures there are
   long long stat[kStatSlots];
   long long clock;
 
@@ -197,6 +203,17 @@ __device__ int count_children(Store s, int lo, int np, const float* row, int eli
   return total;
 }
 
+// One child of a level: store[x] is rank r of the parent at store index `parent` (-1: the
+// root), SPEC's score: s(r1) = f64(LP), then parent + f64(LP).
+__device__ __forceinline__ void write_child(Store s, int x, int parent, int r, const float* row,
+                                            int depth) {
+  const double lp = static_cast<double>(row[r]);
+  s.score[x] = depth == 1 ? lp : s.score[parent] + lp;
+  s.parent[x] = static_cast<short>(depth == 1 ? -1 : parent);
+  s.rank[x] = static_cast<short>(r);
+  s.depth[x] = static_cast<unsigned char>(depth);
+}
+
 // Appends the children counted by count_children at store[n, n + total); each thread writes
 // a contiguous run, finding its first parent by binary search and the rest by stepping.
 __device__ void grow(Store s, int n, int lo, int np, const float* row, int total, int depth) {
@@ -210,16 +227,54 @@ __device__ void grow(Store s, int n, int lo, int np, const float* row, int total
   }
   for (int j = j0; j < j1; ++j) {
     while (s.work[a + 1] <= j) ++a;  // skips parents without children; work[np] = total
-    const int r = j - s.work[a];
-    const int x = n + j;
-    const double lp = static_cast<double>(row[r]);
-    // SPEC: s(r1) = f64(LP), then parent + f64(LP).
-    s.score[x] = depth == 1 ? lp : s.score[lo + a] + lp;
-    s.parent[x] = static_cast<short>(depth == 1 ? -1 : lo + a);
-    s.rank[x] = static_cast<short>(r);
-    s.depth[x] = static_cast<unsigned char>(depth);
+    write_child(s, n + j, lo + a, j - s.work[a], row, depth);
   }
   __syncthreads();
+}
+
+constexpr int kWarpGrow = 4 * kWarp;  // children a level_by_warp writes itself, at most
+
+// Whether level_by_warp wrote the children it counted (the same answer on every thread).
+__device__ __forceinline__ bool warp_grew(int n, int total) {
+  return n + total <= kStoreCap && total <= kWarpGrow;
+}
+
+// count_children (and grow, when warp_grew) for a level of np <= kWarp parents, by warp 0
+// alone: lane i counts parent i's children, a warp scan gives the offsets, and the lanes
+// write the children in turn. One block barrier, where the block-wide pair takes five: on a
+// small level the barriers, not the work, are the cost. depth == 1: the root is the parent.
+__device__ int level_by_warp(Store s, int n, int lo, int np, const float* row, int eligible,
+                             double t, int depth) {
+  if (threadIdx.x < kWarp) {
+    const int lane = threadIdx.x;
+    int c = 0;
+    if (lane < np) {
+      const double ps = depth == 1 ? 0.0 : s.score[lo + lane];
+      children_batch<1>(row, eligible, &ps, 1, t, &c);
+    }
+    int end = c;  // inclusive scan over the lanes
+    for (int o = 1; o < kWarp; o <<= 1) {
+      const int v = __shfl_up_sync(0xffffffffu, end, o);
+      if (lane >= o) end += v;
+    }
+    const int total = __shfl_sync(0xffffffffu, end, kWarp - 1);
+    if (lane < np) s.work[lane] = end - c;
+    if (lane == 0) s.work[np] = total;
+    __syncwarp();
+    if (warp_grew(n, total)) {
+      for (int j = lane; j < total; j += kWarp) {
+        int a = 0, b = np - 1;  // the last parent whose first offset is <= j
+        while (a < b) {
+          const int m = (a + b + 1) >> 1;
+          if (s.work[m] <= j) a = m;
+          else b = m - 1;
+        }
+        write_child(s, n + j, lo + a, j - s.work[a], row, depth);
+      }
+    }
+  }
+  __syncthreads();
+  return s.work[np];
 }
 
 // |{score >= t}| over the store and the children of store[lo, lo+np).
@@ -541,6 +596,81 @@ __device__ int sort_chosen(Store s, int n, BlockScratch& bs) {
   return total;
 }
 
+// The largest store rank_store takes (its place count costs n^2 / kSelectThreads a thread).
+constexpr int kRankStoreCap = 256;
+static_assert(kRankStoreCap * kRankStoreCap <= 128 * kSelectThreads, "rank_chosen's bound");
+
+// lex_positions over the whole store (n <= kRankStoreCap), by warp 0 alone: the same three
+// steps, each level a warp step instead of a block barrier (about twenty on a deep tree).
+// Then the sort entries (score key, lexicographic position << kIndexBits | store index).
+__device__ void lex_positions_warp(Store s, int n, BlockScratch& bs) {
+  constexpr int kPer = kRankStoreCap / kWarp;  // a lane's contiguous share in the scan
+  const int lane = threadIdx.x;
+  for (int x = lane; x < n; x += kWarp) {  // level starts; every path counts itself
+    const int d = s.depth[x];
+    if (x == 0 || s.depth[x - 1] != d) bs.level[d] = x;
+    if (x == n - 1) {
+      bs.level[d + 1] = n;
+      bs.max_depth = d;
+    }
+    s.work[x] = 1;
+  }
+  __syncwarp();
+  const int deepest = n > 0 ? bs.max_depth : 0;
+  for (int d = deepest; d >= 2; --d) {  // subtree sizes, bottom-up
+    for (int x = bs.level[d] + lane; x < bs.level[d + 1]; x += kWarp)
+      atomicAdd(&s.work[s.parent[x]], s.work[x]);
+    __syncwarp();
+  }
+  int size[kPer], c = 0;  // sizes summed in store order: s.order
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int x = lane * kPer + i;
+    size[i] = x < n ? s.work[x] : 0;
+    c += size[i];
+  }
+  int at = c;
+  for (int o = 1; o < kWarp; o <<= 1) {
+    const int v = __shfl_up_sync(0xffffffffu, at, o);
+    if (lane >= o) at += v;
+  }
+  at -= c;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int x = lane * kPer + i;
+    if (x < n) s.order[x] = static_cast<short>(at);
+    at += size[i];
+  }
+  __syncwarp();
+  for (int x = lane; x < n; x += kWarp) s.work[x] = s.order[x] - s.order[x - s.rank[x]];
+  __syncwarp();
+  for (int d = 2; d <= deepest; ++d) {  // positions, top-down
+    for (int x = bs.level[d] + lane; x < bs.level[d + 1]; x += kWarp)
+      s.work[x] += s.work[s.parent[x]] + 1;
+    __syncwarp();
+  }
+  for (int x = lane; x < n; x += kWarp) {
+    s.sort_key[x] = double_key(s.score[x]);
+    s.sort_aux[x] = static_cast<unsigned>(s.work[x]) << kIndexBits | x;
+  }
+}
+
+// choose and sort_chosen at once for a store of n <= kRankStoreCap paths: every path gets
+// its canonical place among the whole store (lexicographic positions, then rank_chosen's
+// count), and the first `budget` places are the chosen ones. No radix select: its eight
+// passes cost more than counting places among a few hundred paths.
+__device__ int rank_store(Store s, int n, int budget, BlockScratch& bs) {
+  // The enumeration may have ended on level_by_warp, whose count every thread reads from
+  // s.work after its barrier: warp 0 must not overwrite it before they have.
+  __syncthreads();
+  if (threadIdx.x < kWarp) lex_positions_warp(s, n, bs);
+  __syncthreads();
+  rank_chosen(s, n);
+  for (int x = threadIdx.x; x < n; x += kSelectThreads) s.chosen[x] = s.order[x] < budget;
+  __syncthreads();
+  return min(n, budget);
+}
+
 // Tree links of the N chosen paths (node index = 1 + canonical position) into `out`.
 __device__ void write_links(const Store& s, int n, int nodes, int q, const long long* ti, int K,
                             SelectOut out) {
@@ -579,13 +709,106 @@ __device__ __forceinline__ void prefetch_row(const float* lp, int K, const int* 
   }
 }
 
+// --- The first threshold: the greedy chain's departures ---
+//
+// Enumerating from t = -inf lists every path of the first levels until the store overflows,
+// then bisects and compacts (two raises at B = 63). Any `budget` paths bound the B-th score
+// from below, so t may start at the budget-th best score of a family of paths that is cheap
+// to count: the departures (0, ..., 0, r), which follow the greedy chain and leave it at their
+// last depth. Departure r at depth d + 1 scores chain[d] + LP[d][r] (SPEC's left-to-right
+// sum: chain[d] is the chain's score), so each depth's departures are its LP row shifted, and
+// their count at a threshold is one binary search. Thresholds are probed 32 at a time (two a
+// warp), three rounds narrowing a window whose low end always has >= budget departures.
+
+constexpr int kFamilyFloats = (kStoreCap * 8 + kSortCap * 8) / 4;  // score + sort_key, as floats
+constexpr int kFamilyProbes = 2 * kSelectThreads / kWarp;          // a half-warp each
+constexpr int kFamilyRounds = 3;
+static_assert(kFamilyProbes == kWarp, "one round's counts fit a warp-sized array");
+static_assert(kMaxSelectDepth <= 32, "a half-warp's 16 lanes take two depths each");
+
+// Departures at depth d + 1 scoring >= v, among the first `len` ranks of the LP row `row`.
+__device__ __forceinline__ int departures_at_least(const float* row, int len, double chain,
+                                                   double v) {
+  int lo = 0, hi = len;
+  while (lo < hi) {
+    const int mid = (lo + hi) >> 1;
+    if (chain + static_cast<double>(row[mid]) >= v) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+// Probe i of the window (lo, hi): the same value on every thread.
+__device__ __forceinline__ double probe_value(double lo, double hi, int i) {
+  return lo + (hi - lo) * static_cast<double>(i + 1) / static_cast<double>(kFamilyProbes + 1);
+}
+
+// A score with >= budget paths at or above it, near the budget-th best departure; -inf when
+// there are fewer than `budget` departures. `eligible` is block-shared; uses the store's
+// score and sort_key arrays as scratch (free until the first level is written).
+__device__ double first_threshold(const float* lp, int K, const int* eligible, int L,
+                                  int budget, Store s, BlockScratch& bs) {
+  int depths = 0;  // departures exist down to the first depth with no eligible rank
+  while (depths < L && eligible[depths] > 0) ++depths;
+  if (depths == 0) return -INFINITY;
+  const int ranks = min(K, kFamilyFloats / depths);  // a subset still bounds from below
+  float* rows = reinterpret_cast<float*>(s.score);    // [depths][ranks]
+  for (int i = threadIdx.x; i < depths * ranks; i += kSelectThreads) {
+    const int d = i / ranks, r = i % ranks;
+    if (r < eligible[d]) rows[i] = lp[d * K + r];
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double chain = 0.0;  // 0 + LP is LP: depth 1's departures are its row
+    int family = 0;
+#pragma unroll  // a fixed trip count: the row loads go out before the chain of adds
+    for (int d = 0; d < kMaxSelectDepth; ++d) {
+      if (d < depths) {
+        bs.chain[d] = chain;
+        family += min(ranks, eligible[d]);
+        chain = d == 0 ? static_cast<double>(rows[0]) : chain + static_cast<double>(rows[d * ranks]);
+      }
+    }
+    bs.family = family;
+  }
+  __syncthreads();
+  if (bs.family < budget) return -INFINITY;
+  // The window: lo has >= budget departures (the lowest score of all: every one of them).
+  double lo = INFINITY, hi = static_cast<double>(rows[0]);
+  for (int d = 0; d < depths; ++d)
+    lo = fmin(lo, bs.chain[d] + static_cast<double>(rows[d * ranks + min(ranks, eligible[d]) - 1]));
+  int lo_count = bs.family;
+  const int lane = threadIdx.x % kWarp, half = lane / 16, j = lane % 16;
+  const int probe = 2 * (threadIdx.x / kWarp) + half;
+  for (int round = 0; round < kFamilyRounds && lo_count > budget; ++round) {
+    const double v = probe_value(lo, hi, probe);
+    int c = 0;
+    for (int d = j; d < depths; d += 16)
+      c += departures_at_least(rows + d * ranks, min(ranks, eligible[d]), bs.chain[d], v);
+    for (int o = 8; o > 0; o >>= 1) c += __shfl_xor_sync(0xffffffffu, c, o);  // the half-warp
+    int* counts = bs.probe[round & 1];  // the other buffer is read by the previous round
+    if (j == 0) counts[probe] = c;
+    __syncthreads();
+    int best = -1;  // the highest probe with >= budget departures (counts fall as probes rise)
+    for (int i = 0; i < kFamilyProbes; ++i) best = counts[i] >= budget ? i : best;
+    const double new_hi = best + 1 < kFamilyProbes ? probe_value(lo, hi, best + 1) : hi;
+    if (best >= 0) {
+      lo_count = counts[best];
+      lo = probe_value(lo, hi, best);
+    }
+    hi = new_hi;
+  }
+  return lo;
+}
+
 // One request, one block. Returns N, or -1 when the caller must run the best-first warp.
 __device__ int select_parallel(const float* __restrict__ lp, const long long* __restrict__ ti,
                                const int* eligible, int L, int K, int budget, SelectOut out,
                                Store s, BlockScratch& bs) {
   bs.count(kStatPath);
   const int limit = 4 * budget <= kStoreCap ? kStoreCap / 2 : kStoreCap;
-  double t = -INFINITY;
+  double t = first_threshold(lp, K, eligible, L, budget, s, bs);
+  bs.lap(kStatFirst);
   int n = 0, lo = 0, np = 1;  // the store, its last level [lo, lo+np); level 0 is the root
   // Each level's LP row is staged in shared memory (in `order`, unused until the end): the
   // binary searches read it at shared-memory latency.
@@ -603,27 +826,25 @@ __device__ int select_parallel(const float* __restrict__ lp, const long long* __
     __syncthreads();
     prefetch_row(lp, K, eligible, L, d + 1, next);
     int total;
-    if (d == 0) {
-      total = eligible[0];
-      if (threadIdx.x == 0) {
-        s.work[0] = 0;
-        s.work[1] = total;
-      }
-      __syncthreads();
+    bool grown = false;
+    if (np <= kWarp) {  // depth 1 (the root's children) too
+      total = level_by_warp(s, n, lo, np, row, eligible[d], t, d + 1);
+      grown = warp_grew(n, total);
     } else {
       total = count_children(s, lo, np, row, eligible[d], t, bs);
-      bs.lap(kStatCount);
-      if (n + total > kStoreCap) {
-        bs.count(kStatPrunes);
-        if (!raise_threshold(s, n, lo, np, row, eligible[d], budget, limit, t, bs)) return -1;
-        n = compact(s, n, &lo, t, bs);
-        np = n - lo;
-        total = np > 0 ? count_children(s, lo, np, row, eligible[d], t, bs) : 0;
-        bs.lap(kStatPrune);
-      }
+    }
+    bs.lap(kStatCount);
+    if (n + total > kStoreCap) {  // never at depth 1: K <= kMaxBudget < kStoreCap
+      grown = false;
+      bs.count(kStatPrunes);
+      if (!raise_threshold(s, n, lo, np, row, eligible[d], budget, limit, t, bs)) return -1;
+      n = compact(s, n, &lo, t, bs);
+      np = n - lo;
+      total = np > 0 ? count_children(s, lo, np, row, eligible[d], t, bs) : 0;
+      bs.lap(kStatPrune);
     }
     if (total == 0) break;
-    grow(s, n, lo, np, row, total, d + 1);
+    if (!grown) grow(s, n, lo, np, row, total, d + 1);
     bs.lap(kStatGrow);
     bs.count(kStatLevels);
     lo = n;
@@ -631,9 +852,14 @@ __device__ int select_parallel(const float* __restrict__ lp, const long long* __
     np = total;
   }
   bs.count(kStatStore, n);
-  choose(s, n, budget, bs);
-  bs.lap(kStatChoose);
-  const int nodes = sort_chosen(s, n, bs);
+  int nodes;
+  if (n <= kRankStoreCap) {
+    nodes = rank_store(s, n, budget, bs);
+  } else {
+    choose(s, n, budget, bs);
+    bs.lap(kStatChoose);
+    nodes = sort_chosen(s, n, bs);
+  }
   bs.lap(kStatOrder);
   write_links(s, n, nodes, budget + 1, ti, K, out);
   bs.lap(kStatWrite);
