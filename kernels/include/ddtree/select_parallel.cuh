@@ -4,14 +4,16 @@
 // threshold t with at least B paths at or above it. That set is prefix-closed, and a parent's
 // children in it are a prefix of its ranks (a row's LP are sorted and f64 addition is
 // monotone), so it is enumerated level by level: per parent, a binary search counts its
-// children, a block scan gives their offsets, and each thread writes a run of children. t
-// starts at a lower bound of the B-th score taken from a family of paths counted cheaply
-// (first_threshold), so the first levels list few more paths than the tree needs. The
-// store holds kStoreCap paths; when a level would overflow it, t is raised by bisection to a
-// value with B <= |{score >= t}| <= limit, and the store is compacted (a node below t has no
-// descendant above it). At the end a radix select finds the B-th score and lexicographic
-// comparisons settle ties there; the chosen paths get their lexicographic positions from
-// subtree sizes, and a sort on (score, that position) gives each its node index (by rank
+// children, a scan gives their offsets, and the children are written in turn (by one warp
+// on a level of at most 32 parents). t starts at a lower bound of the B-th score taken from
+// a family of paths counted cheaply (first_threshold), so the first levels list few more
+// paths than the tree needs. The store holds kStoreCap paths; when a level would overflow
+// it, t is raised by bisection to a value with B <= |{score >= t}| <= limit, and the store is
+// compacted (a node below t has no descendant above it). A store of at most kRankStoreCap
+// paths is then ranked whole (rank_store: lexicographic positions from subtree sizes, then
+// each path's place in canonical order; the first B places are the tree). A larger one takes
+// a radix select for the B-th score, lexicographic comparisons settle ties there, and a sort
+// of the chosen paths on (score, lexicographic position) gives each its node index (by rank
 // where the chosen paths are few, else a bitonic network).
 //
 // Every decision is a function of block-wide sums, so the result is deterministic and equals
@@ -52,6 +54,7 @@ struct Store {
     Store s;
     char* p = base;
     auto take = [&](size_t bytes) { char* r = p; p += bytes; return r; };
+    // score and sort_key adjacent: first_threshold stages its LP rows across both.
     s.score = reinterpret_cast<double*>(take(kStoreCap * 8));
     s.sort_key = reinterpret_cast<uint64_t*>(take(kSortCap * 8));
     s.work = reinterpret_cast<int*>(take((kStoreCap + 1) * 4));
@@ -72,13 +75,13 @@ enum SelectStat {
   kStatPrunes,    // threshold raises
   kStatBisect,    // bisection steps over all raises
   kStatStore,     // paths enumerated at the final threshold
-  kStatTies,      // paths tied at the B-th score when some were left out, else 0
+  kStatTies,      // paths tied at the B-th score when some were left out, else 0 (radix path)
   kStatLevels,    // levels enumerated
   kStatCount,     // cycles: child counts and offsets
   kStatPrune,     // cycles: bisection and compaction
   kStatGrow,      // cycles: writing children
-  kStatChoose,    // cycles: radix select and tie ranks
-  kStatOrder,     // cycles: canonical positions
+  kStatChoose,    // cycles: radix select and tie ranks (a store above kRankStoreCap)
+  kStatOrder,     // cycles: canonical positions (rank_store's whole ranking included)
   kStatWrite,     // cycles: tree links
   kStatFirst,     // cycles: the first threshold (first_threshold)
   kStatSlots = 16
