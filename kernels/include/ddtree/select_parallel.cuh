@@ -769,7 +769,8 @@ __device__ double first_threshold(const float* lp, int K, const int* eligible, i
       if (d < depths) {
         bs.chain[d] = chain;
         family += min(ranks, eligible[d]);
-        chain = d == 0 ? static_cast<double>(rows[0]) : chain + static_cast<double>(rows[d * ranks]);
+        const double lp0 = static_cast<double>(rows[d * ranks]);  // rank 0 at depth d + 1
+        chain = d == 0 ? lp0 : chain + lp0;
       }
     }
     bs.family = family;
