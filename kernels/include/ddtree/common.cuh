@@ -87,23 +87,26 @@ __device__ __forceinline__ int block_any(int v, int* scratch) {
   return block_reduce(v, scratch, 0, warp_or);
 }
 
+// Inclusive prefix sum over the warp's lanes (lane order); every lane takes part.
+__device__ __forceinline__ int warp_inclusive_scan(int v) {
+  const int lane = threadIdx.x % kWarp;
+  for (int o = 1; o < kWarp; o <<= 1) {
+    const int n = __shfl_up_sync(0xffffffffu, v, o);
+    if (lane >= o) v += n;
+  }
+  return v;
+}
+
 // Inclusive prefix sum over the block (thread order); `scratch` holds 32 ints.
 // Returns the inclusive sum; *total receives the block total.
 __device__ __forceinline__ int block_inclusive_scan(int v, int* scratch, int* total) {
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  for (int o = 1; o < kWarp; o <<= 1) {
-    int n = __shfl_up_sync(0xffffffffu, v, o);
-    if (lane >= o) v += n;
-  }
+  v = warp_inclusive_scan(v);
   __syncthreads();
   if (lane == kWarp - 1) scratch[warp] = v;
   __syncthreads();
   const int warps = blockDim.x / kWarp;
-  int w = lane < warps ? scratch[lane] : 0;
-  for (int o = 1; o < kWarp; o <<= 1) {
-    int n = __shfl_up_sync(0xffffffffu, w, o);
-    if (lane >= o) w += n;
-  }
+  const int w = warp_inclusive_scan(lane < warps ? scratch[lane] : 0);
   // w (in lane i) = sum of warps 0..i.
   const int before = warp > 0 ? __shfl_sync(0xffffffffu, w, warp - 1) : 0;
   *total = __shfl_sync(0xffffffffu, w, warps - 1);

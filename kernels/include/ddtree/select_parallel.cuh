@@ -217,17 +217,24 @@ __device__ __forceinline__ void write_child(Store s, int x, int parent, int r, c
   s.depth[x] = static_cast<unsigned char>(depth);
 }
 
+// The parent of a level's child j: the last of the np parents whose first child offset
+// (`offsets`, nondecreasing, offsets[0] = 0) is <= j.
+__device__ __forceinline__ int parent_at(const int* offsets, int np, int j) {
+  int a = 0, b = np - 1;
+  while (a < b) {
+    const int m = (a + b + 1) >> 1;
+    if (offsets[m] <= j) a = m;
+    else b = m - 1;
+  }
+  return a;
+}
+
 // Appends the children counted by count_children at store[n, n + total); each thread writes
 // a contiguous run, finding its first parent by binary search and the rest by stepping.
 __device__ void grow(Store s, int n, int lo, int np, const float* row, int total, int depth) {
   const int per = (total + kSelectThreads - 1) / kSelectThreads;
   const int j0 = min(total, static_cast<int>(threadIdx.x) * per), j1 = min(total, j0 + per);
-  int a = 0, b = np - 1;  // the last parent whose first offset is <= j0
-  while (a < b) {
-    const int m = (a + b + 1) >> 1;
-    if (s.work[m] <= j0) a = m;
-    else b = m - 1;
-  }
+  int a = parent_at(s.work, np, j0);
   for (int j = j0; j < j1; ++j) {
     while (s.work[a + 1] <= j) ++a;  // skips parents without children; work[np] = total
     write_child(s, n + j, lo + a, j - s.work[a], row, depth);
@@ -255,23 +262,14 @@ __device__ int level_by_warp(Store s, int n, int lo, int np, const float* row, i
       const double ps = depth == 1 ? 0.0 : s.score[lo + lane];
       children_batch<1>(row, eligible, &ps, 1, t, &c);
     }
-    int end = c;  // inclusive scan over the lanes
-    for (int o = 1; o < kWarp; o <<= 1) {
-      const int v = __shfl_up_sync(0xffffffffu, end, o);
-      if (lane >= o) end += v;
-    }
+    const int end = warp_inclusive_scan(c);
     const int total = __shfl_sync(0xffffffffu, end, kWarp - 1);
     if (lane < np) s.work[lane] = end - c;
     if (lane == 0) s.work[np] = total;
     __syncwarp();
     if (warp_grew(n, total)) {
       for (int j = lane; j < total; j += kWarp) {
-        int a = 0, b = np - 1;  // the last parent whose first offset is <= j
-        while (a < b) {
-          const int m = (a + b + 1) >> 1;
-          if (s.work[m] <= j) a = m;
-          else b = m - 1;
-        }
+        const int a = parent_at(s.work, np, j);
         write_child(s, n + j, lo + a, j - s.work[a], row, depth);
       }
     }
@@ -632,12 +630,7 @@ __device__ void lex_positions_warp(Store s, int n, BlockScratch& bs) {
     size[i] = x < n ? s.work[x] : 0;
     c += size[i];
   }
-  int at = c;
-  for (int o = 1; o < kWarp; o <<= 1) {
-    const int v = __shfl_up_sync(0xffffffffu, at, o);
-    if (lane >= o) at += v;
-  }
-  at -= c;
+  int at = warp_inclusive_scan(c) - c;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int x = lane * kPer + i;
