@@ -154,3 +154,30 @@ def test_the_far_run_error_is_twosums_where_the_term_counts(dtype):
         checked += int(computed.sum())
         inexact += int((two_sum[computed] != 0).sum())
     assert checked > 100_000 and inexact > 1_000  # rows where the error is folded back
+
+
+def exact_from(m: F32, significand: int) -> F32:
+    """fixed_sum.cuh's exact_from<P>: 2^(e - (21 - P)), e the exponent of m."""
+    e = int((np.array(m, F32).view(np.uint32) >> np.uint32(23)) & np.uint32(0xFF)) - 127
+    return F32(2.0 ** (e - (21 - significand)))
+
+
+@pytest.mark.parametrize("dtype, significand", [("bfloat16", 8), ("float16", 11)])
+def test_a_run_at_or_above_exact_from_has_exact_differences(dtype, significand):
+    """far_term16_exact drops far_term16's error term: for every value of the type at or
+    above exact_from(m) in magnitude, below every fast-grade maximum, either fp32(x - m) is
+    exact (the error is 0, the two give the same bits) or both the exact and the rounded
+    difference are -40 or less (both give the term 0)."""
+    header = HEADER.read_text()
+    assert "e - (21 - P) + 127" in header
+    values = all_values(dtype)
+    checked = 0
+    for m in maxima(values):
+        x = values[(values <= m) & (np.abs(values) >= exact_from(m, significand))]
+        with np.errstate(invalid="ignore", over="ignore"):
+            d = (x - m).astype(F32)
+            exact = x.astype(np.float64) - np.float64(m)
+        same = (d.astype(np.float64) == exact) | np.isneginf(x)
+        assert np.all(same | ((d <= F32(-40)) & (exact <= -40.0))), f"m = {m}"
+        checked += int(((exact > -40.0) & np.isfinite(exact)).sum())
+    assert checked > 10_000

@@ -5,13 +5,17 @@
 //   pass 1: NaN/+inf check, the row max, and each thread's own max;
 //   pass 2: the fixed-point sum of exp(x - max) (fixed_sum.cuh), and every token at or
 //           above the K-th largest thread max (a lower bound of the row's K-th largest)
-//           into shared memory, where a radix select on (key, id) keeps the top K.
+//           into shared memory, where the top K are kept (select_kept): up to a few
+//           hundred such tokens are ranked directly, in rank order at once; more go
+//           through a radix select on (key, id) and a sort.
 // `top_k_pass` is those two reads for any run of tokens: partials.cuh runs it on chunks.
 // When too many tokens tie for shared memory, radix_select_row takes over: 12-bit digit
 // histograms over the whole row, then the tied tokens by id (an id-ordered block scan).
-// The K (key, id) pairs are sorted in shared memory, by rank when K is small, else by a
-// bitonic network. Aligned unit-stride 16-bit rows are read in 16-byte runs (runs.cuh).
+// A sort of the K (key, id) pairs, where one is needed, is by rank when K is small, else
+// by a bitonic network. Aligned unit-stride 16-bit rows are read in 16-byte runs (runs.cuh).
 #pragma once
+#include <cstddef>
+
 #include "common.cuh"
 #include "fixed_sum.cuh"
 #include "runs.cuh"
@@ -43,6 +47,9 @@ struct CandShared {
   int sel_above;  // tokens in bins above it
   uint32_t kth_above;  // warp_crossing_digit's count: entries in digits above the chosen one
 };
+
+static_assert(offsetof(CandShared, ties) % 16 == 0 && offsetof(CandShared, cand) % 16 == 0,
+              "rank_top reads its entries in 16-byte pairs");
 
 // Dynamic shared memory every candidates launch asks for (launch.rs: CANDIDATE_SMEM).
 constexpr int kCandSmem = 80 * 1024;
@@ -165,24 +172,41 @@ __device__ void take_top_ties(CandShared& s, int n, int needed, int known) {
   }
 }
 
-// Sorts s.cand[0..n) descending by rank, in two barriers: an entry's place is the number of
-// entries above it (the keys are distinct: their ids differ), counted by `split` adjacent
-// lanes over a share of the others each; the sorted list is written to s.ties (free once
-// the candidates are collected) and copied back.
-__device__ void rank_sort_candidates(CandShared& s, int n) {
+// The first `keep` of src[0..n) in descending order into dst[0..keep), in one barrier: an
+// entry's place is the number of entries above it (the keys are distinct: their ids
+// differ), counted by `split` adjacent lanes over a contiguous share of the others each,
+// two at a time (one 16-byte load: src is 16-byte aligned); entries placed at `keep` or
+// later are dropped. n * n / blockDim.x compares a thread.
+__device__ void rank_top(const uint64_t* src, int n, int keep, uint64_t* dst) {
   int split = 1;  // lanes an entry, a power of two up to a warp
   while (split < kWarp && n * split * 2 <= static_cast<int>(blockDim.x)) split *= 2;
   const int per_pass = blockDim.x / split;
   const int part = threadIdx.x % split;
+  const int pairs = n / 2;
+  const int lo = part * pairs / split, hi = (part + 1) * pairs / split;
+  const ulonglong2* src2 = reinterpret_cast<const ulonglong2*>(src);
   for (int e0 = 0; e0 < n; e0 += per_pass) {
     const int e = e0 + static_cast<int>(threadIdx.x) / split;
-    const uint64_t mine = e < n ? s.cand[e] : 0;
+    const uint64_t mine = e < n ? src[e] : 0;
     int above = 0;
-    for (int j = part; e < n && j < n; j += split) above += s.cand[j] > mine ? 1 : 0;
+    if (e < n) {
+#pragma unroll 4
+      for (int j = lo; j < hi; ++j) {
+        const ulonglong2 q = src2[j];
+        above += (q.x > mine ? 1 : 0) + (q.y > mine ? 1 : 0);
+      }
+      if (part == 0 && (n & 1)) above += src[n - 1] > mine ? 1 : 0;
+    }
     for (int o = split / 2; o > 0; o >>= 1) above += __shfl_xor_sync(0xffffffffu, above, o);
-    if (e < n && part == 0) s.ties[above] = mine;
+    if (e < n && part == 0 && above < keep) dst[above] = mine;
   }
   __syncthreads();
+}
+
+// Sorts s.cand[0..n) descending by rank (rank_top into s.ties, free once the candidates
+// are collected, and copied back).
+__device__ void rank_sort_candidates(CandShared& s, int n) {
+  rank_top(s.cand, n, n, s.ties);
   for (int i = threadIdx.x; i < n; i += blockDim.x) s.cand[i] = s.ties[i];
   __syncthreads();
 }
@@ -214,6 +238,21 @@ __device__ void sort_candidates(CandShared& s, int n) {
       __syncthreads();
     }
   }
+}
+
+// The K largest of s.ties[0..n) (distinct, n >= K) into s.cand[0..K), in rank order.
+// A few hundred entries (a row's kept tokens for K up to a few hundred) are ranked
+// directly, one barrier; more go through take_top_ties' radix rounds (four barriers a
+// byte of the composite, and the K-th key's ties need the id's bytes too) and a sort.
+constexpr int kRankKeptCompares = 256;  // rank directly up to n * n / threads of these
+__device__ void select_kept(CandShared& s, int n, int K) {
+  if (n * n <= kRankKeptCompares * static_cast<int>(blockDim.x)) {
+    rank_top(s.ties, n, K, s.cand);
+    return;
+  }
+  take_top_ties(s, n, K, 0);
+  __syncthreads();
+  sort_candidates(s, K);
 }
 
 // The tokens tied with the threshold prefix beyond what shared memory holds (e.g. a row of
@@ -345,9 +384,12 @@ __device__ void write_sorted(const T* __restrict__ row, long long stride, int K,
   for (int r = threadIdx.x; r < K; r += blockDim.x) {
     const uint64_t c = sorted[r];
     const int id = static_cast<int>(0xffffffffu - static_cast<uint32_t>(c));
-    const bool finite = static_cast<uint32_t>(c >> 32) != ninf;
-    // Re-read the value: the key merged -0.0 into 0.0, the subtraction must not.
-    const float x = to_f32(row[static_cast<long long>(id) * stride]);
+    const uint32_t key = static_cast<uint32_t>(c >> 32);
+    const bool finite = key != ninf;
+    // The value from its key, except a zero: the key merged -0.0 into 0.0, the
+    // subtraction must not (re-read).
+    const float x = key == float_key(0.0f) ? to_f32(row[static_cast<long long>(id) * stride])
+                                           : key_value(key);
     lp[r] = finite ? x - z : -INFINITY;
     ti[r] = id;
     local_elig += finite ? 1 : 0;
@@ -358,16 +400,6 @@ __device__ void write_sorted(const T* __restrict__ row, long long stride, int K,
     *eligible = total_elig;
     *bad = 0;
   }
-}
-
-// Sorts the K collected candidates and writes the row's log-probs and ids.
-template <typename T>
-__device__ void write_candidates(const T* __restrict__ row, long long stride, int K, float z,
-                                 float* __restrict__ lp, long long* __restrict__ ti,
-                                 int* __restrict__ eligible, int* __restrict__ bad,
-                                 CandShared& s) {
-  sort_candidates(s, K);
-  write_sorted(row, stride, K, z, s.cand, lp, ti, eligible, bad, s);
 }
 
 // Pass 1 of top_k_pass: this thread's largest value (NaN ignored) and whether it saw a NaN
@@ -386,7 +418,7 @@ __device__ __forceinline__ void max_pass(const T* __restrict__ row, long long st
     packed_runs = reads_in_runs(row, stride);
     if (packed_runs) {
       PackedMax<T> packed;
-      for_each_run(row, V, [&](int, const uint4& v) { packed.add(v); }, one);
+      for_each_run<8>(row, V, [&](int, const uint4& v) { packed.add(v); }, one);
       mx = fmaxf(mx, packed.value());
       bad |= packed.bad() ? 1 : 0;
     }
@@ -394,6 +426,23 @@ __device__ __forceinline__ void max_pass(const T* __restrict__ row, long long st
   if (!packed_runs) for_each_in_row(row, stride, V, one);
   *local_max = mx;
   *local_bad = bad;
+}
+
+// The tokens of a 16-bit run at or above the floor into s.ties (as sum_and_collect's
+// `collect`).
+template <typename T>
+__device__ __forceinline__ void collect_run(const uint4& v, int id0, uint32_t floor_key,
+                                            CandShared& s) {
+  float x[kRun<T>];
+  unpack_run<T>(v, x);
+#pragma unroll
+  for (int j = 0; j < kRun<T>; ++j) {
+    const uint32_t key = float_key(x[j]);
+    if (key >= floor_key) {
+      const int slot = atomicAdd(&s.tie_count, 1);
+      if (slot < kTieCap) s.ties[slot] = composite(key, id0 + j);
+    }
+  }
 }
 
 // Pass 2 of top_k_pass: every value's term into `sum` (against `shift`, in `grade`), and
@@ -417,21 +466,20 @@ __device__ __forceinline__ void sum_and_collect(const T* __restrict__ row, long 
   };
   if constexpr (kPacked<T>) {
     if (reads_in_runs(row, stride)) {
-      for_each_run(
+      // Runs whose every value is at least this in magnitude have exact differences with
+      // the shift (fast grade only: |shift| >= 8).
+      using P = typename PairOf<T>::type;
+      const T least = from_f32<T>(exact_from<kSignificand<T>>(shift));
+      const P least2{least, least};
+      for_each_run_once(
           row, V,
           [&](int id0, const uint4& v) {
             const float top = run_max<T>(v);
-            float x[kRun<T>];
-            unpack_run<T>(v, x);
-            if (float_key(top) >= floor_key) {
-#pragma unroll
-              for (int j = 0; j < kRun<T>; ++j) collect(id0 + j, x[j]);
-            }
+            if (float_key(top) >= floor_key) collect_run<T>(v, id0, floor_key, s);
             if (kFastGrade<Grade> && !(top - shift > kNearBelowMax)) {
-              sum.add_far(x, shift);
+              sum.template add_far<T>(v, shift, run_at_least<T>(v, least2));
             } else {
-#pragma unroll
-              for (int j = 0; j < kRun<T>; ++j) sum.add(x[j], shift, grade);
+              sum.template add_run<T>(v, shift, grade);
             }
           },
           one);
@@ -446,7 +494,7 @@ __device__ __forceinline__ void sum_and_collect(const T* __restrict__ row, long 
 // row that several blocks share (candidates_cluster.cuh), and *max_out gets the result;
 // pass 2 adds every value's term to `sum` (TermSum or NoSum, runs.cuh) against the shift,
 // that maximum (0 when every value is -inf), in the row's normaliser grade (fixed_sum.cuh),
-// and collects the top K into s.cand, unsorted. Returns 1, with nothing collected, when a
+// and leaves the top K in s.cand, in rank order. Returns 1, with nothing collected, when a
 // NaN or +inf was seen.
 struct OneBlock {  // the default `combine`: the block reads the whole row
   __device__ void operator()(float&, int&) const {}
@@ -478,11 +526,12 @@ __device__ int top_k_pass(const T* __restrict__ row, long long stride, int V, in
   __syncthreads();
   const int kept = s.tie_count;
   if (kept <= kTieCap) {
-    take_top_ties(s, kept, K, 0);
+    select_kept(s, kept, K);
   } else {
     radix_select_row(row, stride, V, K, s);
+    __syncthreads();
+    sort_candidates(s, K);
   }
-  __syncthreads();
   return 0;
 }
 
@@ -501,7 +550,7 @@ __device__ void candidates_row(const T* __restrict__ row, long long stride, int 
   // Normaliser: Z = fp32(m + ln(sum exp(x - m))), the sum in fixed point (fixed_sum.cuh).
   const U128 sum = block_sum128(terms.total, s.uscratch);
   const float z = (m == -INFINITY) ? -INFINITY : fixed_normaliser(m, sum);
-  write_candidates(row, stride, K, z, lp, ti, eligible, bad, s);
+  write_sorted(row, stride, K, z, s.cand, lp, ti, eligible, bad, s);
 }
 
 }  // namespace ddtree

@@ -144,7 +144,6 @@ __device__ void candidates_cluster_row(const T* __restrict__ row, long long stri
     return;  // the flag is the row's: every block returns here
   }
   const U128 sum = block_sum128(terms.total, s.uscratch);
-  sort_candidates(s, k);
   // The list's ids are the chunk's: (key, ~id) less the chunk's first token is the global
   // (the order stays: keys with equal values keep ids ascending).
   for (int i = threadIdx.x; i < k; i += blockDim.x) s.cand[i] -= static_cast<uint64_t>(part.x);

@@ -40,6 +40,12 @@ __device__ __forceinline__ uint32_t float_key(float x) {
 
 __device__ __forceinline__ uint32_t neg_inf_key() { return float_key(-INFINITY); }
 
+// The value whose float_key is k; a caller that must tell -0.0 from 0.0 (both give
+// float_key(0.0f), read back as 0.0) looks that one value up.
+__device__ __forceinline__ float key_value(uint32_t k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
 // Larger double -> larger key (scores are never NaN); -0.0 and 0.0 share a key.
 __device__ __forceinline__ uint64_t double_key(double x) {
   if (x == 0.0) x = 0.0;

@@ -30,13 +30,15 @@ __device__ void partial_row(const T* __restrict__ part, long long stride, int le
     *max_out = m;
     *bad_out = bad;
   }
-  if (!bad) sort_candidates(s, k);
   for (int r = threadIdx.x; r < K; r += blockDim.x) {
     float v = -INFINITY;
     long long id = -1;
     if (!bad && r < k) {
       const int local = static_cast<int>(0xffffffffu - static_cast<uint32_t>(s.cand[r]));
-      v = to_f32(part[static_cast<long long>(local) * stride]);  // the key merged -0.0 into 0.0
+      const uint32_t key = static_cast<uint32_t>(s.cand[r] >> 32);
+      // A zero is re-read: the key merged -0.0 into 0.0.
+      v = key == float_key(0.0f) ? to_f32(part[static_cast<long long>(local) * stride])
+                                 : key_value(key);
       id = id0 + local;
     }
     values[r] = v;
@@ -112,9 +114,7 @@ __device__ void merge_row(const float* __restrict__ values, const long long* __r
     if (ids[i] >= 0) s.ties[atomicAdd(&s.tie_count, 1)] = entry_key(values[i], ids[i]);
   }
   __syncthreads();
-  take_top_ties(s, s.tie_count, K, 0);  // every part has min(K, its length) >= its share
-  __syncthreads();
-  sort_candidates(s, K);
+  select_kept(s, s.tie_count, K);  // every part has min(K, its length) >= its share
   U128 sum{0ull, 0ull};
   for (int j = threadIdx.x; j < parts; j += blockDim.x) sum = add128(sum, sums[j]);
   sum = block_sum128(sum, s.uscratch);
@@ -125,7 +125,10 @@ __device__ void merge_row(const float* __restrict__ values, const long long* __r
   for (int r = threadIdx.x; r < K; r += blockDim.x) {
     const uint64_t c = s.cand[r];
     const bool finite = static_cast<uint32_t>(c >> 32) != ninf;
-    lp[r] = finite ? value_of(values, ids, parts, K, c) - z : -INFINITY;
+    // The value from its key; a zero's sign from the part lists (the key merged them).
+    const uint32_t key = static_cast<uint32_t>(c >> 32);
+    const float x = key == float_key(0.0f) ? value_of(values, ids, parts, K, c) : key_value(key);
+    lp[r] = finite ? x - z : -INFINITY;
     ti[r] = static_cast<long long>(0xffffffffu - static_cast<uint32_t>(c));
     local_elig += finite ? 1 : 0;
   }

@@ -21,6 +21,11 @@ constexpr bool kPacked = sizeof(T) == 2;
 template <typename T>
 constexpr int kRun = 16 / sizeof(T);  // values in a 16-byte run
 
+// Significant bits of a 16-bit type (the hidden bit included).
+template <typename T> constexpr int kSignificand = 0;
+template <> constexpr int kSignificand<__nv_bfloat16> = 8;
+template <> constexpr int kSignificand<__half> = 11;
+
 // Whether a row is read in runs: unit stride, 16-byte aligned.
 template <typename T>
 __device__ __forceinline__ bool reads_in_runs(const T* row, long long stride) {
@@ -28,12 +33,13 @@ __device__ __forceinline__ bool reads_in_runs(const T* row, long long stride) {
 }
 
 // Calls run(id0, v) on every whole 16-byte run v (tokens id0 .. id0 + kRun - 1) of a row
-// that reads_in_runs, four loads in flight per thread (the row is read at memory speed, not
-// latency), and one(id, x) on the tokens after the last whole run. Visit order unspecified.
-template <typename T, typename Run, typename One>
+// that reads_in_runs, kUnroll loads in flight per thread (the row is read at memory speed,
+// not latency), and one(id, x) on the tokens after the last whole run. Visit order
+// unspecified. Four suit a pass with work per run; a pass that only takes a maximum waits
+// on memory alone and keeps eight in flight.
+template <int kUnroll = 4, typename T, typename Run, typename One>
 __device__ __forceinline__ void for_each_run(const T* __restrict__ row, int V, Run&& run,
                                              One&& one) {
-  constexpr int kUnroll = 4;
   const int step = blockDim.x;
   const int nvec = V / kRun<T>;
   const uint4* vrow = reinterpret_cast<const uint4*>(row);
@@ -46,6 +52,36 @@ __device__ __forceinline__ void for_each_run(const T* __restrict__ row, int V, R
     for (int u = 0; u < kUnroll; ++u) run((i + u * step) * kRun<T>, v[u]);
   }
   for (; i < nvec; i += step) run(i * kRun<T>, __ldg(vrow + i));
+  for (int id = nvec * kRun<T> + threadIdx.x; id < V; id += step) one(id, to_f32(row[id]));
+}
+
+// for_each_run with the run's work compiled once: a loop of one run an iteration whose
+// loads go out kAhead runs ahead through a window of registers. A pass whose work per run
+// has rare branches (pass 2) keeps its code small this way: unrolled four times it outgrew
+// the instruction cache (a third of its stall samples were instruction fetches, Nsight
+// Compute, BENCHMARKS.md session 26); with those paths made calls instead, it ran 2.6
+// times the far terms' instructions (the warps' lanes ran apart after a call).
+template <int kAhead = 4, typename T, typename Run, typename One>
+__device__ __forceinline__ void for_each_run_once(const T* __restrict__ row, int V, Run&& run,
+                                                  One&& one) {
+  const int step = blockDim.x;
+  const int nvec = V / kRun<T>;
+  const uint4* vrow = reinterpret_cast<const uint4*>(row);
+  uint4 window[kAhead];
+#pragma unroll
+  for (int a = 0; a < kAhead; ++a) {
+    const int i = threadIdx.x + a * step;
+    if (i < nvec) window[a] = __ldg(vrow + i);
+  }
+#pragma unroll 1
+  for (int i = threadIdx.x; i < nvec; i += step) {
+    const uint4 v = window[0];
+#pragma unroll
+    for (int a = 0; a + 1 < kAhead; ++a) window[a] = window[a + 1];
+    const int ahead = i + kAhead * step;
+    if (ahead < nvec) window[kAhead - 1] = __ldg(vrow + ahead);
+    run(i * kRun<T>, v);
+  }
   for (int id = nvec * kRun<T> + threadIdx.x; id < V; id += step) one(id, to_f32(row[id]));
 }
 
@@ -69,6 +105,15 @@ __device__ __forceinline__ float run_max(const uint4& v) {
   const auto p = __hmax2(__hmax2(pair_at<T>(v, 0), pair_at<T>(v, 1)),
                          __hmax2(pair_at<T>(v, 2), pair_at<T>(v, 3)));
   return fmaxf(to_f32(p.x), to_f32(p.y));
+}
+
+// Whether every value of a 16-bit run has a magnitude of at least `least` (a value of the
+// type, as a pair): four packed absolute values and three packed minima.
+template <typename T>
+__device__ __forceinline__ bool run_at_least(const uint4& v, typename PairOf<T>::type least) {
+  const auto a = __hmin2(__hmin2(__habs2(pair_at<T>(v, 0)), __habs2(pair_at<T>(v, 1))),
+                         __hmin2(__habs2(pair_at<T>(v, 2)), __habs2(pair_at<T>(v, 3))));
+  return __hbge2(a, least);
 }
 
 // Pass 1 over a 16-bit row's runs: the largest value (NaN ignored) and a NaN-propagating
@@ -101,6 +146,27 @@ struct PackedMax {
 };
 
 // A thread's share of a row's fixed-point sum (fixed_sum.cuh).
+// The rare runs' terms: a run near the maximum (or any run of a precise-grade row), and a
+// far run with a value too small for far_term16_exact.
+template <typename T, typename G>
+__device__ __forceinline__ U128 run_terms(const uint4& v, float m, G grade) {
+  float x[kRun<T>];
+  unpack_run<T>(v, x);
+  U128 total{0ull, 0ull};
+#pragma unroll
+  for (int j = 0; j < kRun<T>; ++j) total = add128(total, fixed_term(x[j], m, grade));
+  return total;
+}
+template <typename T>
+__device__ __forceinline__ unsigned long long far_run_terms(const uint4& v, float m) {
+  float x[kRun<T>];
+  unpack_run<T>(v, x);
+  unsigned long long run = 0;
+#pragma unroll
+  for (int j = 0; j < kRun<T>; ++j) run += far_term16(x[j], m);
+  return run;
+}
+
 struct TermSum {
   U128 total{0ull, 0ull};
 
@@ -109,13 +175,26 @@ struct TermSum {
     total = add128(total, fixed_term(x, m, grade));
   }
 
+  // A 16-bit run's terms (run_terms).
+  template <typename T, typename G>
+  __device__ __forceinline__ void add_run(const uint4& v, float m, G grade) {
+    total = add128(total, run_terms<T>(v, m, grade));
+  }
+
   // A 16-bit run whose every value is 3 or more below m (kNearBelowMax), in the fast
-  // grade: its terms, at most 2^47.7 units each, summed in 64 bits and carried once.
-  template <int N>
-  __device__ __forceinline__ void add_far(const float (&x)[N], float m) {
+  // grade: its terms, at most 2^47.7 units each, summed in 64 bits and carried once;
+  // `exact`: every x - m is exact in fp32 (far_term16_exact), else far_term16.
+  template <typename T>
+  __device__ __forceinline__ void add_far(const uint4& v, float m, bool exact) {
     unsigned long long run = 0;
+    if (exact) {
+      float x[kRun<T>];
+      unpack_run<T>(v, x);
 #pragma unroll
-    for (int j = 0; j < N; ++j) run += far_term16(x[j], m);
+      for (int j = 0; j < kRun<T>; ++j) run += far_term16_exact(x[j], m);
+    } else {
+      run = far_run_terms<T>(v, m);
+    }
     total = add128(total, U128{run, 0ull});
   }
 };
@@ -124,8 +203,10 @@ struct TermSum {
 struct NoSum {
   template <typename G>
   __device__ __forceinline__ void add(float, float, G) {}
-  template <int N>
-  __device__ __forceinline__ void add_far(const float (&)[N], float) {}
+  template <typename T, typename G>
+  __device__ __forceinline__ void add_run(const uint4&, float, G) {}
+  template <typename T>
+  __device__ __forceinline__ void add_far(const uint4&, float, bool) {}
 };
 
 }  // namespace ddtree
