@@ -125,8 +125,7 @@ __device__ __forceinline__ int key_id(uint64_t key) { return static_cast<int>(kI
 
 // The value an order key holds (float_key inverted; -0.0 comes back as 0.0).
 __device__ __forceinline__ float key_value(uint64_t key) {
-  const uint32_t vk = static_cast<uint32_t>(key >> kIdBits);
-  return __uint_as_float((vk & 0x80000000u) ? (vk & 0x7fffffffu) : ~vk);
+  return float_of_key(static_cast<uint32_t>(key >> kIdBits));
 }
 
 __device__ __forceinline__ uint64_t warp_max_u64(uint64_t v) {

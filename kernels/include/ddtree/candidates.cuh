@@ -386,10 +386,8 @@ __device__ void write_sorted(const T* __restrict__ row, long long stride, int K,
     const int id = static_cast<int>(0xffffffffu - static_cast<uint32_t>(c));
     const uint32_t key = static_cast<uint32_t>(c >> 32);
     const bool finite = key != ninf;
-    // The value from its key, except a zero: the key merged -0.0 into 0.0, the
-    // subtraction must not (re-read).
-    const float x = key == float_key(0.0f) ? to_f32(row[static_cast<long long>(id) * stride])
-                                           : key_value(key);
+    // The value from its key (a zero re-read: the subtraction must keep its sign).
+    const float x = key_value_or(key, [&] { return to_f32(row[static_cast<long long>(id) * stride]); });
     lp[r] = finite ? x - z : -INFINITY;
     ti[r] = id;
     local_elig += finite ? 1 : 0;
@@ -428,23 +426,6 @@ __device__ __forceinline__ void max_pass(const T* __restrict__ row, long long st
   *local_bad = bad;
 }
 
-// The tokens of a 16-bit run at or above the floor into s.ties (as sum_and_collect's
-// `collect`).
-template <typename T>
-__device__ __forceinline__ void collect_run(const uint4& v, int id0, uint32_t floor_key,
-                                            CandShared& s) {
-  float x[kRun<T>];
-  unpack_run<T>(v, x);
-#pragma unroll
-  for (int j = 0; j < kRun<T>; ++j) {
-    const uint32_t key = float_key(x[j]);
-    if (key >= floor_key) {
-      const int slot = atomicAdd(&s.tie_count, 1);
-      if (slot < kTieCap) s.ties[slot] = composite(key, id0 + j);
-    }
-  }
-}
-
 // Pass 2 of top_k_pass: every value's term into `sum` (against `shift`, in `grade`), and
 // every token whose key is at least `floor_key` into s.ties (up to kTieCap; s.tie_count
 // counts them all). 16-bit runs are routed whole: a run far below the shift (fast grade)
@@ -475,7 +456,12 @@ __device__ __forceinline__ void sum_and_collect(const T* __restrict__ row, long 
           row, V,
           [&](int id0, const uint4& v) {
             const float top = run_max<T>(v);
-            if (float_key(top) >= floor_key) collect_run<T>(v, id0, floor_key, s);
+            if (float_key(top) >= floor_key) {
+              float x[kRun<T>];
+              unpack_run<T>(v, x);
+#pragma unroll
+              for (int j = 0; j < kRun<T>; ++j) collect(id0 + j, x[j]);
+            }
             if (kFastGrade<Grade> && !(top - shift > kNearBelowMax)) {
               sum.template add_far<T>(v, shift, run_at_least<T>(v, least2));
             } else {

@@ -40,10 +40,16 @@ __device__ __forceinline__ uint32_t float_key(float x) {
 
 __device__ __forceinline__ uint32_t neg_inf_key() { return float_key(-INFINITY); }
 
-// The value whose float_key is k; a caller that must tell -0.0 from 0.0 (both give
-// float_key(0.0f), read back as 0.0) looks that one value up.
-__device__ __forceinline__ float key_value(uint32_t k) {
+// float_key inverted (-0.0 comes back as 0.0).
+__device__ __forceinline__ float float_of_key(uint32_t k) {
   return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+// The value whose float_key is k, except a zero: -0.0 and 0.0 share that key, so it is
+// looked up (`lookup()`, the value itself) by a caller that must keep its sign.
+template <typename F>
+__device__ __forceinline__ float key_value_or(uint32_t k, F&& lookup) {
+  return k == float_key(0.0f) ? lookup() : float_of_key(k);
 }
 
 // Larger double -> larger key (scores are never NaN); -0.0 and 0.0 share a key.

@@ -35,10 +35,8 @@ __device__ void partial_row(const T* __restrict__ part, long long stride, int le
     long long id = -1;
     if (!bad && r < k) {
       const int local = static_cast<int>(0xffffffffu - static_cast<uint32_t>(s.cand[r]));
-      const uint32_t key = static_cast<uint32_t>(s.cand[r] >> 32);
-      // A zero is re-read: the key merged -0.0 into 0.0.
-      v = key == float_key(0.0f) ? to_f32(part[static_cast<long long>(local) * stride])
-                                 : key_value(key);
+      v = key_value_or(static_cast<uint32_t>(s.cand[r] >> 32),
+                       [&] { return to_f32(part[static_cast<long long>(local) * stride]); });
       id = id0 + local;
     }
     values[r] = v;
@@ -125,9 +123,9 @@ __device__ void merge_row(const float* __restrict__ values, const long long* __r
   for (int r = threadIdx.x; r < K; r += blockDim.x) {
     const uint64_t c = s.cand[r];
     const bool finite = static_cast<uint32_t>(c >> 32) != ninf;
-    // The value from its key; a zero's sign from the part lists (the key merged them).
-    const uint32_t key = static_cast<uint32_t>(c >> 32);
-    const float x = key == float_key(0.0f) ? value_of(values, ids, parts, K, c) : key_value(key);
+    // The value from its key (a zero's sign from the part lists).
+    const float x = key_value_or(static_cast<uint32_t>(c >> 32),
+                                 [&] { return value_of(values, ids, parts, K, c); });
     lp[r] = finite ? x - z : -INFINITY;
     ti[r] = static_cast<long long>(0xffffffffu - static_cast<uint32_t>(c));
     local_elig += finite ? 1 : 0;

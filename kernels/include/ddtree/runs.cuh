@@ -146,27 +146,6 @@ struct PackedMax {
 };
 
 // A thread's share of a row's fixed-point sum (fixed_sum.cuh).
-// The rare runs' terms: a run near the maximum (or any run of a precise-grade row), and a
-// far run with a value too small for far_term16_exact.
-template <typename T, typename G>
-__device__ __forceinline__ U128 run_terms(const uint4& v, float m, G grade) {
-  float x[kRun<T>];
-  unpack_run<T>(v, x);
-  U128 total{0ull, 0ull};
-#pragma unroll
-  for (int j = 0; j < kRun<T>; ++j) total = add128(total, fixed_term(x[j], m, grade));
-  return total;
-}
-template <typename T>
-__device__ __forceinline__ unsigned long long far_run_terms(const uint4& v, float m) {
-  float x[kRun<T>];
-  unpack_run<T>(v, x);
-  unsigned long long run = 0;
-#pragma unroll
-  for (int j = 0; j < kRun<T>; ++j) run += far_term16(x[j], m);
-  return run;
-}
-
 struct TermSum {
   U128 total{0ull, 0ull};
 
@@ -175,10 +154,16 @@ struct TermSum {
     total = add128(total, fixed_term(x, m, grade));
   }
 
-  // A 16-bit run's terms (run_terms).
+  // A 16-bit run's terms, each fixed_term's (a run near the maximum, or any run of a
+  // precise-grade row).
   template <typename T, typename G>
   __device__ __forceinline__ void add_run(const uint4& v, float m, G grade) {
-    total = add128(total, run_terms<T>(v, m, grade));
+    float x[kRun<T>];
+    unpack_run<T>(v, x);
+    U128 run{0ull, 0ull};
+#pragma unroll
+    for (int j = 0; j < kRun<T>; ++j) run = add128(run, fixed_term(x[j], m, grade));
+    total = add128(total, run);
   }
 
   // A 16-bit run whose every value is 3 or more below m (kNearBelowMax), in the fast
@@ -187,13 +172,15 @@ struct TermSum {
   template <typename T>
   __device__ __forceinline__ void add_far(const uint4& v, float m, bool exact) {
     unsigned long long run = 0;
+    float x[kRun<T>];  // unpacked in each branch: hoisted, the loop compiles differently
     if (exact) {
-      float x[kRun<T>];
       unpack_run<T>(v, x);
 #pragma unroll
       for (int j = 0; j < kRun<T>; ++j) run += far_term16_exact(x[j], m);
     } else {
-      run = far_run_terms<T>(v, m);
+      unpack_run<T>(v, x);
+#pragma unroll
+      for (int j = 0; j < kRun<T>; ++j) run += far_term16(x[j], m);
     }
     total = add128(total, U128{run, 0ull});
   }
