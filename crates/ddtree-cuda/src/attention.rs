@@ -236,12 +236,16 @@ impl Variant {
             return elem * halves + ids + 1024;
         }
         if self.mla {
-            // The K tiles and P (`PortableMlaTile::kSmem`); the upper warps' fp32 partial scores (a
-            // float4 per lane per 8 keys); three fp32 values a row and four flags; the
-            // staged page ids.
+            // The K tiles and P (`PortableMlaTile::kSmem`); each warp's fp32 partial scores for
+            // its partner's rows (two float4 a lane); three fp32 values a row and a flag a warp;
+            // the staged page ids.
             let halves = self.stages * self.kt * (self.d + PAD) + self.rows() * (self.kt + PAD);
-            let sums = 4 * 4 * (self.warps / 2) * (self.kt / 8) * 32;
-            return elem * halves + sums + 4 * 3 * self.rows() + 16 + 8 * self.stages * self.kt;
+            let sums = 16 * self.warps * 2 * 32;
+            return elem * halves
+                + sums
+                + 4 * 3 * self.rows()
+                + 4 * self.warps
+                + 8 * self.stages * self.kt;
         }
         // Q, the stages' K and V rows (`AttnTile::kSmem`), and each stage's staged page ids:
         // kt 8-byte entries.
@@ -701,9 +705,9 @@ mod tests {
         let d128 = VARIANTS[1];
         assert_eq!((d128.rows(), d128.m_tiles), (128, 2));
         assert_eq!(d128.smem_bytes(2), 2 * (128 * 136 + 2 * 32 * 272) + 8 * 64);
-        // d576vk (attention_mla.cuh): two stages of 32 keys' K rows, P 64 x 40, the upper
-        // warps' fp32 scores (4 warps x 32 lanes x 4 float4), 64 rows' scale, maximum and
-        // sum and 4 flags, 64 page ids: 89,360 bytes.
+        // d576vk (attention_mla.cuh): two stages of 32 keys' K rows, P 64 x 40, each warp's
+        // fp32 scores for its partner (8 warps x 32 lanes x 2 float4), 64 rows' scale, maximum
+        // and sum and 8 flags, 64 page ids: 89,376 bytes.
         let mla = VARIANTS[4];
         assert_eq!(
             (mla.rows(), mla.block_cols(), 32 * mla.warps),
@@ -711,9 +715,9 @@ mod tests {
         );
         assert_eq!(
             mla.smem_bytes(2),
-            2 * (2 * 32 * 584 + 64 * 40) + 4 * 4 * 4 * 4 * 32 + 4 * 3 * 64 + 16 + 8 * 64
+            2 * (2 * 32 * 584 + 64 * 40) + 8 * 32 * 2 * 16 + 4 * 3 * 64 + 4 * 8 + 8 * 64
         );
-        assert_eq!(mla.smem_bytes(2), 89_360);
+        assert_eq!(mla.smem_bytes(2), 89_376);
         assert_eq!(
             Variant::for_head_dim(576, 512, false).unwrap().1.name,
             "d576"

@@ -637,25 +637,52 @@ struct TileGather {
   }
   // A tile's K rows issued chunk by chunk between other work (the MLA tile spreads them over
   // its products, so the copies neither queue up at once nor hold the registers the
-  // instructions after them need); `any` false when there is no tile to load.
-  struct KChunks {
-    KeyCopy key;
-    bool any;
+  // instructions after them need). The row's address is found without a branch: every
+  // source is computed and the right one selected, so that the setup is free to interleave
+  // with the products after the barrier instead of standing between them (a branch ends the
+  // block the scheduler may reorder within). `n`: how many of the thread's chunks are real
+  // (0 past the split or with no tile to load); the rest are zero-filled.
+  struct RowChunks {
+    unsigned dst;  // shared address of the thread's first chunk
+    const T* src;  // global address of the same
+    int n;
   };
   static constexpr int kChunks = KC / TPK;  // a thread's 16-byte chunks of a K row
   // `next` without its K copies: waits for the tile at kt, stages the page ids of the tile
   // after the one it returns the chunks of (the tile ST - 1 ahead, into the stage computed
   // last). Issue every chunk, then commit.
-  __device__ __forceinline__ KChunks next_chunks(long long kt, int st) const {
+  __device__ __forceinline__ RowChunks next_row(long long kt, int st) const {
     static_assert(VC == 0, "K rows only");
     long long ahead;
     int fill;
-    if (!refill(kt, st, ahead, fill)) return {{kbuf, vbuf, {kbuf, vbuf}, false}, false};
-    return {key_copy(ahead, fill, slot_of(ahead, true, fill)), true};
+    const bool any = refill(kt, st, ahead, fill);
+    const long long t = ahead + my_key();
+    const bool valid = any && t < w.k_end, in_prefix = t < w.prefix;
+    // The key's page id from the tile's staged entries (an index clamped into them: a tree
+    // key's entry is read and selected away).
+    const long long* staged = ids + fill * KT;
+    const long long e = min(max((t >> p.page_shift) - (ahead >> p.page_shift), 0ll),
+                            static_cast<long long>(KT - 1));
+    const long long page = p.index64 ? staged[e] : *reinterpret_cast<const int*>(staged + e);
+    const long long slot = (page << p.page_shift) | (t & ((1ll << p.page_shift) - 1));
+    const long long node = static_cast<long long>(w.b) * p.q_nodes + (t - w.prefix);
+    const T* k_new = static_cast<const T*>(p.k_new);
+    const T* base = in_prefix ? static_cast<const T*>(p.k_cache) + w.g * p.kc_s1
+                              : k_new + w.g * p.kn_s1;
+    const long long row = in_prefix ? slot : node;
+    const long long stride = in_prefix ? p.kc_s0 : p.kn_s0;
+    const int col = my_part() * 8;
+    // Chunk i covers columns col + 8 * TPK * i ..: real while below dqk (a multiple of 8).
+    const int real = min(kChunks, max(0, (p.dqk - col + 8 * TPK - 1) / (8 * TPK)));
+    const T* dst = kbuf + (fill * KT + my_key()) * QS + col;
+    return {static_cast<unsigned>(__cvta_generic_to_shared(dst)),
+            (valid ? base + row * stride : k_new) + col, valid ? real : 0};
   }
   // Chunk i (< kChunks) of this thread's K row.
-  __device__ __forceinline__ void issue_chunk(const KChunks& c, int i) const {
-    if (c.any) copy_k_chunk(c.key, i);
+  __device__ __forceinline__ void issue_chunk(const RowChunks& c, int i) const {
+    const unsigned dst = c.dst + i * TPK * 16;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst),
+                 "l"(c.src + i * TPK * 8), "r"(i < c.n ? 16 : 0));
   }
   // The pool slot of this thread's key in the tile at kt (0 for a tree node or a key past
   // the split): read from the page table (`staged`: from the tile's staged page ids).

@@ -10,9 +10,11 @@
 // rows and Q never enters shared memory:
 // * S = Q K^T: warp w takes the 16 rows of quarter w % 4 over half w / 4 of the head dim
 //   (288 columns, 18 k-steps), its Q fragments held in 72 registers for the whole split.
-//   A K fragment serves two products. The upper half's warp posts its partial S (fp32) in
-//   shared memory and its lower partner adds it, then runs the online softmax for the
-//   quarter's rows and writes P (bf16/fp16) and the rows' rescale factors to shared memory.
+//   A K fragment serves two products. The two warps of a quarter then split its rows: each
+//   posts its partial S (fp32) for the lane's row its partner weighs and adds the partner's
+//   for its own (the lower warp the fragment's row gr, the upper gr + 8), runs the online
+//   softmax of that row and writes its P (bf16/fp16) and rescale factor to shared memory, so
+//   that the softmax between the products takes half the time it did on one warp of the two.
 // * O += P V: warp w takes value columns 64w .. 64w + 63 of all 64 rows (4 x 8 m16n8
 //   accumulators): per 16 keys, four P fragments and four V fragments feed 32 products.
 // Per tile of 32 keys a warp loads 52 fragments for 136 products (the replaced tile: 52 for
@@ -41,13 +43,13 @@ struct PortableMlaTile {
   static constexpr int PS = KT + kAttnPad;  // of P
   static constexpr int KSTEPS = D / 2 / 16; // k-steps of a warp's half of the head dim
   static constexpr int VCOLS = DV / kWarps; // value columns a warp (8 n8 tiles)
-  // Shared memory: the K tiles; the four upper-half warps' partial S (a float4 per lane per
-  // n8 tile); P; the rows' rescale factors, final maxima and sums (fp32) and the quarters'
-  // "moved" flags; each stage's staged page ids.
+  // Shared memory: the K tiles; each warp's partial S for its partner's rows (two float4 a
+  // lane); P; the rows' rescale factors, final maxima and sums (fp32) and each warp's
+  // "moved" flag; each stage's staged page ids.
   static constexpr size_t kK = sizeof(T) * ST * KT * QS;
-  static constexpr size_t kSums = sizeof(float) * 4 * (kWarps / 2) * NT * 32;
+  static constexpr size_t kSums = sizeof(float) * 4 * kWarps * 2 * 32;
   static constexpr size_t kP = sizeof(T) * BM * PS;
-  static constexpr size_t kRows = sizeof(float) * 3 * BM + sizeof(int) * 4;
+  static constexpr size_t kRows = sizeof(float) * 3 * BM + sizeof(int) * kWarps;
   static constexpr size_t kIds = sizeof(long long) * ST * KT;
   static constexpr size_t kSmem = kK + kSums + kP + kRows + kIds;
   static_assert(kK % 16 == 0 && kSums % 16 == 0 && kP % 16 == 0 && kRows % 8 == 0,
@@ -93,6 +95,81 @@ __device__ __forceinline__ void qk_from_registers(float (&s)[NT][4],
   }
 }
 
+// score_tile for one row of the lane's two (the pair's warps split a quarter's rows, so that
+// each runs half the softmax): v[n][e] is key n * 8 + 2 * gc + e of the row whose tree node's
+// ancestor bits are `bits`. Scaled to base 2, masked to -inf, and the row's maximum over its
+// four lanes returned.
+template <int NT>
+__device__ __forceinline__ float score_row(const AttentionParams& p, float (&v)[NT][2],
+                                           long long kt, long long k_end, long long prefix,
+                                           const int* bits, int gc) {
+  constexpr int KT = NT * 8;
+  float m = -INFINITY;
+  if (kt + KT <= min(k_end, prefix)) {  // a whole tile of prefix keys: nothing masked
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        v[n][e] *= p.sm_scale_log2;
+        m = fmaxf(m, v[n][e]);
+      }
+  } else {
+    const int in_split = static_cast<int>(min(static_cast<long long>(KT), k_end - kt));
+    const int first_tree = static_cast<int>(max(0ll, min(static_cast<long long>(KT), prefix - kt)));
+    const int node0 = static_cast<int>(kt - prefix);  // tree node of the tile's key 0
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int key = n * 8 + gc * 2 + e;
+        bool ok = key < in_split;
+        if (ok && key >= first_tree) {
+          const int j = node0 + key;
+          ok = (__ldg(bits + (j >> 5)) >> (j & 31)) & 1;
+        }
+        v[n][e] = ok ? v[n][e] * p.sm_scale_log2 : -INFINITY;
+        m = fmaxf(m, v[n][e]);
+      }
+  }
+  m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+  return fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+}
+
+// RowSoftmax for one row a lane: the running maximum m (base 2) and sum l, the maximum
+// moved lazily (kLazyRescale) and by the warp as one, as there.
+struct OneRowSoftmax {
+  float m = -INFINITY;
+  float l = 0.0f;
+
+  // Moves the maximum if the warp's rows need it (true, with l scaled and `scale` the
+  // accumulators' factor), then turns v into the weights in place and adds them to l.
+  template <int NT>
+  __device__ __forceinline__ bool weigh(float (&v)[NT][2], float tile_max, float& scale) {
+    const bool moves = __any_sync(0xffffffffu, tile_max > m + kLazyRescale);
+    if (moves) {
+      const float m_new = fmaxf(m, tile_max);
+      scale = m_new == -INFINITY ? 1.0f : exp2f(m - m_new);
+      m = m_new;
+      l *= scale;
+    }
+    // A row with no key yet has m = -inf and scores all -inf: subtracting 0 gives weights 0.
+    const float base = m == -INFINITY ? 0.0f : m;
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        v[n][e] = exp2_ftz(v[n][e] - base);
+        l += v[n][e];
+      }
+    return moves;
+  }
+  // The row's sum over the four lanes that share it.
+  __device__ __forceinline__ void finish() {
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+  }
+};
+
 // Named barrier `id` (1 to 4) of the 64 threads of a quarter's two warps: the lower warp
 // reads the partial S its upper partner posted before it. Both wait (bar.sync): the upper
 // warp reaches it when its own products are done, as its partner does, so waiting costs
@@ -116,7 +193,7 @@ __device__ void attention_mla_block(const AttentionParams& p, unsigned char* sme
   constexpr int KT = Tile::KT, ST = Tile::ST, QS = Tile::QS, PS = Tile::PS, NT = Tile::NT;
   constexpr int KSTEPS = Tile::KSTEPS, VT = Tile::VCOLS / 8;
   T* kbuf = reinterpret_cast<T*>(smem);
-  float4* sums = reinterpret_cast<float4*>(smem + Tile::kK);
+  float4* pair_sums = reinterpret_cast<float4*>(smem + Tile::kK);
   T* pbuf = reinterpret_cast<T*>(smem + Tile::kK + Tile::kSums);
   float* row_scale = reinterpret_cast<float*>(smem + Tile::kK + Tile::kSums + Tile::kP);
   float* row_m = row_scale + Tile::BM;
@@ -135,10 +212,16 @@ __device__ void attention_mla_block(const AttentionParams& p, unsigned char* sme
   const Gather gather{p, w, kbuf, kbuf, ids};
   gather.prologue();
 
-  // The quarter's rows: their Q fragments (this warp's half of the head dim) and ancestor
-  // bits.
-  const int* bits_of[2];
-  rows_out(p, w, 16 * quarter + gr, bits_of);
+  // The quarter's rows: their Q fragments (this warp's half of the head dim); the ancestor
+  // bits of the lane's row whose softmax this warp runs (the lower warp the fragment's row
+  // gr, the upper gr + 8).
+  const int my_row = 16 * quarter + gr + 8 * upper;
+  const int* bits;
+  {
+    const int* bits_of[2];
+    rows_out(p, w, 16 * quarter + gr, bits_of);
+    bits = bits_of[upper];
+  }
   uint32_t qf[KSTEPS][4];
   {
     const int r = w.row0 + 16 * quarter + gr;
@@ -152,7 +235,7 @@ __device__ void attention_mla_block(const AttentionParams& p, unsigned char* sme
   const int v_off = (mr + (mi & 1) * 8) * QS + (mi >> 1) * 8 + warp * Tile::VCOLS;
   const T* pa = pbuf + (mr + (mi & 1) * 8) * PS + (mi >> 1) * 8;
 
-  RowSoftmax sm;  // the quarter's rows (kept by the lower warp)
+  OneRowSoftmax sm;  // the lane's row this warp weighs
   float acc[4][VT][4];
 #pragma unroll
   for (int i = 0; i < 4; ++i)
@@ -162,7 +245,7 @@ __device__ void attention_mla_block(const AttentionParams& p, unsigned char* sme
   int st = 0;
   for (long long kt = w.k_begin; kt < w.k_end; kt += KT, st = st + 1 == ST ? 0 : st + 1) {
     // The next tile's copies go out one chunk every other k-step of this tile's S.
-    const typename Gather::KChunks copies = gather.next_chunks(kt, st);
+    const typename Gather::RowChunks copies = gather.next_row(kt, st);
     const T* ks = kbuf + st * KT * QS;
     float s[NT][4];
     static_assert(2 * Gather::kChunks == KSTEPS, "a chunk every other k-step, every chunk");
@@ -170,46 +253,55 @@ __device__ void attention_mla_block(const AttentionParams& p, unsigned char* sme
       if (j % 2 == 1) gather.issue_chunk(copies, j / 2);
     });
     cp_async_commit();
-    float4* slot = sums + quarter * NT * 32 + lane;
-    if (upper) {
+    // The pair's two halves of S added up: each warp posts its partial for its partner's row
+    // of the lane's two, then adds the partner's for its own (the same sum both ways).
+    // (Selects, not a runtime index into s, which would move it to local memory.)
+    float v[NT][2], give[NT][2];
 #pragma unroll
-      for (int n = 0; n < NT; ++n) slot[n * 32] = make_float4(s[n][0], s[n][1], s[n][2], s[n][3]);
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        v[n][e] = upper ? s[n][2 + e] : s[n][e];
+        give[n][e] = upper ? s[n][e] : s[n][2 + e];
+      }
+    {
+      float4* mine = pair_sums + (2 * quarter + upper) * 2 * 32 + lane;
+      mine[0] = make_float4(give[0][0], give[0][1], give[1][0], give[1][1]);
+      mine[32] = make_float4(give[2][0], give[2][1], give[3][0], give[3][1]);
       quarter_barrier(quarter + 1);
-    } else {
-      quarter_barrier(quarter + 1);
-#pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        const float4 o = slot[n * 32];
-        s[n][0] += o.x;
-        s[n][1] += o.y;
-        s[n][2] += o.z;
-        s[n][3] += o.w;
-      }
-      float tile_max[2], scale[2] = {1.0f, 1.0f};
-      score_tile(p, s, kt, w.k_end, w.prefix, bits_of, gc, tile_max);
-      const bool moves = sm.weigh(s, tile_max, scale);
-      if (moves && gc == 0) {
-        row_scale[16 * quarter + gr] = scale[0];
-        row_scale[16 * quarter + gr + 8] = scale[1];
-      }
-      if (lane == 0) moved[quarter] = moves;
-      T* prow = pbuf + (16 * quarter + gr) * PS + 2 * gc;
-#pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        *reinterpret_cast<uint32_t*>(prow + n * 8) = Mma::pack(s[n][0], s[n][1]);
-        *reinterpret_cast<uint32_t*>(prow + 8 * PS + n * 8) = Mma::pack(s[n][2], s[n][3]);
-      }
+      const float4* theirs = pair_sums + (2 * quarter + 1 - upper) * 2 * 32 + lane;
+      const float4 o0 = theirs[0], o1 = theirs[32];
+      v[0][0] += o0.x;
+      v[0][1] += o0.y;
+      v[1][0] += o0.z;
+      v[1][1] += o0.w;
+      v[2][0] += o1.x;
+      v[2][1] += o1.y;
+      v[3][0] += o1.z;
+      v[3][1] += o1.w;
     }
-    __syncthreads();  // P, the factors and the flags of every quarter
-
-    // O += P V over the tile's keys, after the rescale of the quarters whose maximum moved
-    // (a flag the whole warp reads alike).
+    const float tile_max = score_row(p, v, kt, w.k_end, w.prefix, bits, gc);
+    float scale;
+    const bool moves = sm.weigh(v, tile_max, scale);
+    if (moves && gc == 0) row_scale[my_row] = scale;
+    if (lane == 0) moved[warp] = moves;
+    T* prow = pbuf + my_row * PS + 2 * gc;
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
-      if (moved[i]) {
-        const float f[2] = {row_scale[16 * i + gr], row_scale[16 * i + gr + 8]};
+    for (int n = 0; n < NT; ++n)
+      *reinterpret_cast<uint32_t*>(prow + n * 8) = Mma::pack(v[n][0], v[n][1]);
+    __syncthreads();  // P, the factors and the flags of every warp
+
+    // O += P V over the tile's keys, after the rescale of the rows whose maximum moved (the
+    // flags of the quarter's two warps, which the whole warp reads alike).
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int lo = moved[i], hi = moved[i + 4];
+      if (lo | hi) {
+        const float f[2] = {lo ? row_scale[16 * i + gr] : 1.0f,
+                            hi ? row_scale[16 * i + gr + 8] : 1.0f};
         RowSoftmax::rescale(acc[i], f);
       }
+    }
     const T* vb = ks + v_off;
 #pragma unroll
     for (int kk = 0; kk < KT / 16; ++kk) {
@@ -229,15 +321,11 @@ __device__ void attention_mla_block(const AttentionParams& p, unsigned char* sme
     }
   }
   cp_async_wait<0>();  // nothing in flight at exit
-  // The rows' maxima and sums, from the lower warps to every warp's columns.
-  if (!upper) {
-    sm.finish();
-    if (gc == 0) {
-      row_m[16 * quarter + gr] = sm.m[0];
-      row_m[16 * quarter + gr + 8] = sm.m[1];
-      row_l[16 * quarter + gr] = sm.l[0];
-      row_l[16 * quarter + gr + 8] = sm.l[1];
-    }
+  // Each warp's row maxima and sums, to every warp's columns.
+  sm.finish();
+  if (gc == 0) {
+    row_m[my_row] = sm.m;
+    row_l[my_row] = sm.l;
   }
   __syncthreads();
 #pragma unroll
