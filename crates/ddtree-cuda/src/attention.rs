@@ -241,8 +241,11 @@ impl Variant {
             // the staged page ids.
             let halves = self.stages * self.kt * (self.d + PAD) + self.rows() * (self.kt + PAD);
             let sums = 16 * self.warps * 2 * 32;
+            // The Q fragments of each warp's last two k-steps (a uint4 a lane a k-step).
+            let q_tail = 16 * 2 * 32 * self.warps;
             return elem * halves
                 + sums
+                + q_tail
                 + 4 * 3 * self.rows()
                 + 4 * self.warps
                 + 8 * self.stages * self.kt;
@@ -706,8 +709,9 @@ mod tests {
         assert_eq!((d128.rows(), d128.m_tiles), (128, 2));
         assert_eq!(d128.smem_bytes(2), 2 * (128 * 136 + 2 * 32 * 272) + 8 * 64);
         // d576vk (attention_mla.cuh): two stages of 32 keys' K rows, P 64 x 40, each warp's
-        // fp32 scores for its partner (8 warps x 32 lanes x 2 float4), 64 rows' scale, maximum
-        // and sum and 8 flags, 64 page ids: 89,376 bytes.
+        // fp32 scores for its partner (8 warps x 32 lanes x 2 float4), each warp's last two
+        // k-steps of Q fragments (8 x 32 x 2 uint4), 64 rows' scale, maximum and sum and 8
+        // flags, 64 page ids: 97,568 bytes.
         let mla = VARIANTS[4];
         assert_eq!(
             (mla.rows(), mla.block_cols(), 32 * mla.warps),
@@ -715,9 +719,9 @@ mod tests {
         );
         assert_eq!(
             mla.smem_bytes(2),
-            2 * (2 * 32 * 584 + 64 * 40) + 8 * 32 * 2 * 16 + 4 * 3 * 64 + 4 * 8 + 8 * 64
+            2 * (2 * 32 * 584 + 64 * 40) + 8 * 32 * 2 * 16 * 2 + 4 * 3 * 64 + 4 * 8 + 8 * 64
         );
-        assert_eq!(mla.smem_bytes(2), 89_376);
+        assert_eq!(mla.smem_bytes(2), 97_568);
         assert_eq!(
             Variant::for_head_dim(576, 512, false).unwrap().1.name,
             "d576"

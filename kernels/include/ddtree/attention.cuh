@@ -648,14 +648,14 @@ struct TileGather {
     int n;
   };
   static constexpr int kChunks = KC / TPK;  // a thread's 16-byte chunks of a K row
-  // `next` without its K copies: waits for the tile at kt, stages the page ids of the tile
-  // after the one it returns the chunks of (the tile ST - 1 ahead, into the stage computed
-  // last). Issue every chunk, then commit.
+  // `next` without its wait (`wait_tile`, before) and its K copies: stages the page ids of
+  // the tile after the one it returns the chunks of (the tile ST - 1 ahead, into the stage
+  // computed last). Issue every chunk, then commit.
   __device__ __forceinline__ RowChunks next_row(long long kt, int st) const {
     static_assert(VC == 0, "K rows only");
     long long ahead;
     int fill;
-    const bool any = refill(kt, st, ahead, fill);
+    const bool any = ahead_of(kt, st, ahead, fill);
     const long long t = ahead + my_key();
     const bool valid = any && t < w.k_end, in_prefix = t < w.prefix;
     // The key's page id from the tile's staged entries (an index clamped into them: a tree
@@ -724,13 +724,22 @@ struct TileGather {
     else
       cp_async_commit();
   }
-  // next's first half: waits for the tile at kt (stage st), and unless the tile ST - 1
-  // ahead is past the split (false), sets it and the stage it refills and stages the page
-  // ids of the tile after it.
+  // next's first half: waits for the tile at kt (stage st), then `ahead_of`.
   __device__ __forceinline__ bool refill(long long kt, int st, long long& ahead,
                                          int& fill) const {
+    wait_tile();
+    return ahead_of(kt, st, ahead, fill);
+  }
+  // Waits until the tile this iteration computes has landed for every thread (and every
+  // warp is done with the stage the iteration refills).
+  __device__ __forceinline__ void wait_tile() const {
     cp_async_wait<ST - 2>();
     __syncthreads();
+  }
+  // Unless the tile ST - 1 ahead of the tile at kt (stage st) is past the split (false),
+  // sets it and the stage it refills and stages the page ids of the tile after it.
+  __device__ __forceinline__ bool ahead_of(long long kt, int st, long long& ahead,
+                                           int& fill) const {
     ahead = kt + static_cast<long long>(ST - 1) * KT;
     fill = st == 0 ? ST - 1 : st - 1;
     if (ahead >= w.k_end) return false;

@@ -42,16 +42,19 @@ struct PortableMlaTile {
   static constexpr int QS = D + kAttnPad;   // shared row stride of a K tile, elements
   static constexpr int PS = KT + kAttnPad;  // of P
   static constexpr int KSTEPS = D / 2 / 16; // k-steps of a warp's half of the head dim
+  static constexpr int QTAIL = 2;           // of them whose Q fragments wait in shared memory
+  static constexpr int KREG = KSTEPS - QTAIL;  // and in registers
   static constexpr int VCOLS = DV / kWarps; // value columns a warp (8 n8 tiles)
   // Shared memory: the K tiles; each warp's partial S for its partner's rows (two float4 a
   // lane); P; the rows' rescale factors, final maxima and sums (fp32) and each warp's
   // "moved" flag; each stage's staged page ids.
   static constexpr size_t kK = sizeof(T) * ST * KT * QS;
   static constexpr size_t kSums = sizeof(float) * 4 * kWarps * 2 * 32;
+  static constexpr size_t kQTail = 16 * QTAIL * 32 * kWarps;  // a uint4 a lane a k-step
   static constexpr size_t kP = sizeof(T) * BM * PS;
   static constexpr size_t kRows = sizeof(float) * 3 * BM + sizeof(int) * kWarps;
   static constexpr size_t kIds = sizeof(long long) * ST * KT;
-  static constexpr size_t kSmem = kK + kSums + kP + kRows + kIds;
+  static constexpr size_t kSmem = kK + kSums + kQTail + kP + kRows + kIds;
   static_assert(kK % 16 == 0 && kSums % 16 == 0 && kP % 16 == 0 && kRows % 8 == 0,
                 "regions keep 16-byte (float4) and 8-byte (page id) alignment");
 };
@@ -73,24 +76,37 @@ __device__ __forceinline__ void q_fragments(uint32_t (&qf)[KSTEPS][4], const T* 
     }
 }
 
-// S = Q K^T over KSTEPS k-steps for one m16 tile and NT n8 tiles of keys, Q from registers:
-// kb is this lane's ldmatrix address of the first key's first column, rows QS apart.
-// at_step(j) runs before k-step j's products (the next tile's copies, spread over them).
-template <typename T, int NT, int QS, int KSTEPS, typename AtStep>
-__device__ __forceinline__ void qk_from_registers(float (&s)[NT][4],
-                                                  const uint32_t (&qf)[KSTEPS][4], const T* kb,
-                                                  AtStep at_step) {
+// S = Q K^T over KSTEPS k-steps for one m16 tile and NT n8 tiles of keys: the Q fragments of
+// the first KREG k-steps from registers (qf), of the rest from shared memory (qtail: this
+// lane's four registers of k-step KREG + i at qtail[32 * i], as q_tail_store left them), so
+// that the registers those hold are free for the next k-step's K fragments. kb is this lane's
+// ldmatrix address of the first key's first column, rows QS apart. at_step(j) runs before
+// k-step j's products (the next tile's copies, spread over them).
+template <typename T, int NT, int QS, int KSTEPS, int KREG, typename AtStep>
+__device__ __forceinline__ void qk_tile_mla(float (&s)[NT][4], const uint32_t (&qf)[KREG][4],
+                                            const uint4* qtail, const T* kb, AtStep at_step) {
 #pragma unroll
   for (int n = 0; n < NT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll
   for (int j = 0; j < KSTEPS; ++j) {
     at_step(j);
+    uint32_t a[4];
+    if (j < KREG) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) a[e] = qf[j < KREG ? j : 0][e];
+    } else {
+      const uint4 t = qtail[32 * (j - KREG)];
+      a[0] = t.x;
+      a[1] = t.y;
+      a[2] = t.z;
+      a[3] = t.w;
+    }
 #pragma unroll
     for (int n = 0; n < NT; n += 2) {
       uint32_t bf[4];  // keys n*8.. (k 0-7, 8-15), then keys n*8+8..
       ldmatrix_x4(bf, kb + n * 8 * QS + j * 16);
-      MmaType<T>::mma(s[n], qf[j], bf);
-      MmaType<T>::mma(s[n + 1], qf[j], bf + 2);
+      MmaType<T>::mma(s[n], a, bf);
+      MmaType<T>::mma(s[n + 1], a, bf + 2);
     }
   }
 }
@@ -194,8 +210,10 @@ __device__ void attention_mla_block(const AttentionParams& p, unsigned char* sme
   constexpr int KSTEPS = Tile::KSTEPS, VT = Tile::VCOLS / 8;
   T* kbuf = reinterpret_cast<T*>(smem);
   float4* pair_sums = reinterpret_cast<float4*>(smem + Tile::kK);
-  T* pbuf = reinterpret_cast<T*>(smem + Tile::kK + Tile::kSums);
-  float* row_scale = reinterpret_cast<float*>(smem + Tile::kK + Tile::kSums + Tile::kP);
+  uint4* qtail_all = reinterpret_cast<uint4*>(smem + Tile::kK + Tile::kSums);
+  T* pbuf = reinterpret_cast<T*>(smem + Tile::kK + Tile::kSums + Tile::kQTail);
+  float* row_scale =
+      reinterpret_cast<float*>(smem + Tile::kK + Tile::kSums + Tile::kQTail + Tile::kP);
   float* row_m = row_scale + Tile::BM;
   float* row_l = row_m + Tile::BM;
   int* moved = reinterpret_cast<int*>(row_l + Tile::BM);
@@ -222,12 +240,25 @@ __device__ void attention_mla_block(const AttentionParams& p, unsigned char* sme
     rows_out(p, w, 16 * quarter + gr, bits_of);
     bits = bits_of[upper];
   }
-  uint32_t qf[KSTEPS][4];
+  // The last QTAIL k-steps' fragments go to this lane's slots in shared memory (read back by
+  // the same lane only: no barrier).
+  constexpr int KREG = Tile::KREG;
+  uint32_t qf[KREG][4];
+  const uint4* qtail = qtail_all + warp * Tile::QTAIL * 32 + lane;
   {
     const int r = w.row0 + 16 * quarter + gr;
-    q_fragments<T, KSTEPS>(qf, query_row<T>(p, w.b, w.g, r, w.group, w.m_rows),
+    uint32_t q_all[KSTEPS][4];
+    q_fragments<T, KSTEPS>(q_all, query_row<T>(p, w.b, w.g, r, w.group, w.m_rows),
                            query_row<T>(p, w.b, w.g, r + 8, w.group, w.m_rows),
                            upper * (Tile::D / 2) + 2 * gc, p.dqk);
+#pragma unroll
+    for (int j = 0; j < KREG; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) qf[j][e] = q_all[j][e];
+#pragma unroll
+    for (int i = 0; i < Tile::QTAIL; ++i)
+      qtail_all[(warp * Tile::QTAIL + i) * 32 + lane] =
+          make_uint4(q_all[KREG + i][0], q_all[KREG + i][1], q_all[KREG + i][2], q_all[KREG + i][3]);
   }
   // ldmatrix addresses of this lane: K (the warp's half of the head dim), V (the warp's
   // value columns of the same tile) and P.
@@ -244,12 +275,13 @@ __device__ void attention_mla_block(const AttentionParams& p, unsigned char* sme
 
   int st = 0;
   for (long long kt = w.k_begin; kt < w.k_end; kt += KT, st = st + 1 == ST ? 0 : st + 1) {
+    gather.wait_tile();
     // The next tile's copies go out one chunk every other k-step of this tile's S.
     const typename Gather::RowChunks copies = gather.next_row(kt, st);
     const T* ks = kbuf + st * KT * QS;
     float s[NT][4];
     static_assert(2 * Gather::kChunks == KSTEPS, "a chunk every other k-step, every chunk");
-    qk_from_registers<T, NT, QS, KSTEPS>(s, qf, ks + k_off, [&](int j) {
+    qk_tile_mla<T, NT, QS, KSTEPS, KREG>(s, qf, qtail, ks + k_off, [&](int j) {
       if (j % 2 == 1) gather.issue_chunk(copies, j / 2);
     });
     cp_async_commit();
