@@ -13,7 +13,8 @@
 # (tests; with two GPUs, `bench --vocab-parallel --device cuda`); "parts" breaks one attention shape's
 # call into its kernels and gaps (PARTS_ARGS: family bs N prefixes); "hunt" adds issue
 # 12's long top-k tie search, HUNT_SECONDS long; "ncu-build" runs Nsight Compute on one
-# build (and accept) of each NCU_SHAPES entry (tests/gpu_build_one.py); "sglang" runs ddtree against SGLang 0.5.23's
+# build (and accept) of each NCU_SHAPES entry (tests/gpu_build_one.py), "ncu-attention" on
+# one attention call of each NCU_ATTN entry (tests/gpu_attention_one.py); "sglang" runs ddtree against SGLang 0.5.23's
 # kernels and its stage-by-stage benchmark, SGLANG_ARGS, with tests/.sglang-0.5.23 carried);
 # PYTEST_K (a -k expression), BENCH_ARGS, LOOP_ARGS and ATTN_ARGS narrow the tests and
 # benchmarks; WHEELS names the folder the wheel comes from (default wheels/; another, such
@@ -134,6 +135,29 @@ for step in $STEPS; do
         (cd /tmp && tar -czf "$OUT/ncu-sass.tgz" ncu-*-sass.csv) || status=1
         grep -h "Duration\|^  [a-z_]*ddtree\|Memory Throughput\|Compute (SM) Throughput" \
             "$OUT"/ncu-*.txt | head -60 ;;
+    ncu-attention)
+        # Where one attention call's time goes: Nsight Compute on the attention kernel of each
+        # NCU_ATTN entry FAMILY:BS:N:PREFIX (through DDTREE_ATTENTION=AB_ATTENTION when set),
+        # its sections and its hottest SASS lines.
+        for shape in ${NCU_ATTN:-mla8:1:256:65536}; do
+            IFS=: read -r fam bs n prefix <<< "$shape"
+            tag=attn-$fam-$bs-$n-$prefix
+            rep=/tmp/ncu-$tag
+            limit env ${AB_ATTENTION:+DDTREE_ATTENTION=$AB_ATTENTION} ncu --clock-control none \
+                -k regex:ddtree_attention_bf16_d -s 2 -c 1 -f -o "$rep" \
+                --section SpeedOfLight --section Occupancy --section LaunchStats \
+                --section WarpStateStats --section MemoryWorkloadAnalysis \
+                --section ComputeWorkloadAnalysis --section InstructionStats \
+                --section SourceCounters python3 tests/gpu_attention_one.py "$fam" "$bs" "$n" "$prefix" \
+                >/tmp/ncu-run.log 2>&1 || { tail -20 /tmp/ncu-run.log; status=1; }
+            ncu --import "$rep.ncu-rep" >"$OUT/ncu-$tag.txt" 2>&1 || status=1
+            ncu --import "$rep.ncu-rep" --page source --csv --print-source sass \
+                >"$rep-sass.csv" 2>/dev/null || status=1
+            python3 tests/ncu_hot_lines.py "$rep-sass.csv" >>"$OUT/ncu-$tag.txt" 2>&1 || status=1
+        done
+        (cd /tmp && tar -czf "$OUT/ncu-attn-sass.tgz" ncu-attn-*-sass.csv) || status=1
+        grep -h "Duration\|Registers Per\|Achieved Occupancy\|Warp Cycles Per Issued" \
+            "$OUT"/ncu-attn-*.txt | head -40 ;;
     attention-portable)
         limit env DDTREE_ATTENTION=portable python3 -m ddtree bench --attention ${ATTN_ARGS:-} \
             >"$OUT/bench-attention-portable.txt" 2>&1 || status=1
