@@ -656,15 +656,15 @@ struct TileGather {
     long long ahead;
     int fill;
     const bool any = ahead_of(kt, st, ahead, fill);
-    const long long t = ahead + my_key();
+    const int key = my_key();
+    const long long t = ahead + key;
     const bool valid = any && t < w.k_end, in_prefix = t < w.prefix;
-    // The key's page id from the tile's staged entries (an index clamped into them: a tree
-    // key's entry is read and selected away).
-    const long long* staged = ids + fill * KT;
-    const long long e = min(max((t >> p.page_shift) - (ahead >> p.page_shift), 0ll),
-                            static_cast<long long>(KT - 1));
-    const long long page = p.index64 ? staged[e] : *reinterpret_cast<const int*>(staged + e);
-    const long long slot = (page << p.page_shift) | (t & ((1ll << p.page_shift) - 1));
+    // The key's page id among the tile's staged ones: entry (t >> s) - (ahead >> s), found in
+    // 32 bits (below KT). A tree key's entry is read too and selected away.
+    const int mask = (1 << p.page_shift) - 1;
+    const long long* entry = ids + fill * KT + (((static_cast<int>(ahead) & mask) + key) >> p.page_shift);
+    const long long page = p.index64 ? *entry : *reinterpret_cast<const int*>(entry);
+    const long long slot = (page << p.page_shift) | (static_cast<int>(t) & mask);
     const long long node = static_cast<long long>(w.b) * p.q_nodes + (t - w.prefix);
     const T* k_new = static_cast<const T*>(p.k_new);
     const T* base = in_prefix ? static_cast<const T*>(p.k_cache) + w.g * p.kc_s1
@@ -693,7 +693,9 @@ struct TileGather {
   }
   // The tile ST - 1 ahead of the tile at kt (in stage st) has its page ids staged in the
   // same commit group as this one's rows: they land by the time that tile is issued.
+  // (The threads past KT branch away first, before any of the 64-bit arithmetic.)
   __device__ __forceinline__ void stage_ahead(long long kt, int st) const {
+    if (threadIdx.x >= KT) return;
     const long long later = kt + static_cast<long long>(ST - 1) * KT;
     stage_page_ids<KT>(p, ids + (st + ST - 1) % ST * KT, later, w.k_end, w.prefix, w.start,
                        threadIdx.x);

@@ -186,18 +186,13 @@ struct OneRowSoftmax {
   }
 };
 
-// Named barrier `id` (1 to 4) of the 64 threads of a quarter's two warps: the lower warp
-// reads the partial S its upper partner posted before it. Both wait (bar.sync): the upper
-// warp reaches it when its own products are done, as its partner does, so waiting costs
-// little, and every shared-memory handoff stays one that racecheck can follow. Immediate
-// ids (a register id would reserve all sixteen).
-__device__ __forceinline__ void quarter_barrier(int id) {
-  switch (id) {
-    case 1: asm volatile("bar.sync 1, 64;\n" ::: "memory"); break;
-    case 2: asm volatile("bar.sync 2, 64;\n" ::: "memory"); break;
-    case 3: asm volatile("bar.sync 3, 64;\n" ::: "memory"); break;
-    default: asm volatile("bar.sync 4, 64;\n" ::: "memory"); break;
-  }
+// Named barrier `id` (1 to 4) of the 64 threads of a quarter's two warps, each of which
+// reads the partial S the other posted before it. Both wait (bar.sync), so every
+// shared-memory handoff stays one that racecheck can follow. The id is a register, which
+// reserves all sixteen barriers for the block: an SM holds one block of this tile anyway
+// (its registers), and a switch over immediate ids cost a branch tree a tile.
+__device__ __forceinline__ void pair_barrier(int id) {
+  asm volatile("bar.sync %0, 64;\n" ::"r"(id) : "memory");
 }
 
 // One block of PortableMlaTile: rows [row0, row0 + 64) of (request b, KV head g), all value
@@ -286,21 +281,23 @@ __device__ void attention_mla_block(const AttentionParams& p, unsigned char* sme
     });
     cp_async_commit();
     // The pair's two halves of S added up: each warp posts its partial for its partner's row
-    // of the lane's two, then adds the partner's for its own (the same sum both ways).
-    // (Selects, not a runtime index into s, which would move it to local memory.)
-    float v[NT][2], give[NT][2];
+    // of the lane's two, then adds the partner's for its own (the same sum both ways). The
+    // halves are picked by a branch the warp takes as one (a select per value otherwise).
+    float v[NT][2];
+    float4* mine = pair_sums + (2 * quarter + upper) * 2 * 32 + lane;
+    if (upper) {
+      mine[0] = make_float4(s[0][0], s[0][1], s[1][0], s[1][1]);
+      mine[32] = make_float4(s[2][0], s[2][1], s[3][0], s[3][1]);
 #pragma unroll
-    for (int n = 0; n < NT; ++n)
+      for (int n = 0; n < NT; ++n) v[n][0] = s[n][2], v[n][1] = s[n][3];
+    } else {
+      mine[0] = make_float4(s[0][2], s[0][3], s[1][2], s[1][3]);
+      mine[32] = make_float4(s[2][2], s[2][3], s[3][2], s[3][3]);
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        v[n][e] = upper ? s[n][2 + e] : s[n][e];
-        give[n][e] = upper ? s[n][e] : s[n][2 + e];
-      }
+      for (int n = 0; n < NT; ++n) v[n][0] = s[n][0], v[n][1] = s[n][1];
+    }
+    pair_barrier(quarter + 1);
     {
-      float4* mine = pair_sums + (2 * quarter + upper) * 2 * 32 + lane;
-      mine[0] = make_float4(give[0][0], give[0][1], give[1][0], give[1][1]);
-      mine[32] = make_float4(give[2][0], give[2][1], give[3][0], give[3][1]);
-      quarter_barrier(quarter + 1);
       const float4* theirs = pair_sums + (2 * quarter + 1 - upper) * 2 * 32 + lane;
       const float4 o0 = theirs[0], o1 = theirs[32];
       v[0][0] += o0.x;
