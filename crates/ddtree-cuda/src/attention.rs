@@ -194,6 +194,8 @@ pub const HOPPER_VARIANTS: [Variant; 4] = [
 pub const HOPPER_SMEM: usize = 227 * 1024;
 /// Shared-row padding, elements (`kAttnPad`).
 const PAD: usize = 8;
+/// Bytes of a portable block's `KeySources` (attention.cuh): where its keys come from.
+const KEY_SOURCES: usize = 64;
 
 impl Variant {
     /// Query rows per block.
@@ -238,7 +240,7 @@ impl Variant {
         if self.mla {
             // The K tiles and P (`PortableMlaTile::kSmem`); each warp's fp32 partial scores for
             // its partner's rows (two float4 a lane); three fp32 values a row and a flag a warp;
-            // the staged page ids.
+            // the staged page ids and the block's key sources (64 bytes).
             let halves = self.stages * self.kt * (self.d + PAD) + self.rows() * (self.kt + PAD);
             let sums = 16 * self.warps * 2 * 32;
             // The Q fragments of each warp's last two k-steps (a uint4 a lane a k-step).
@@ -248,12 +250,13 @@ impl Variant {
                 + q_tail
                 + 4 * 3 * self.rows()
                 + 4 * self.warps
-                + 8 * self.stages * self.kt;
+                + 8 * self.stages * self.kt
+                + KEY_SOURCES;
         }
-        // Q, the stages' K and V rows (`AttnTile::kSmem`), and each stage's staged page ids:
-        // kt 8-byte entries.
+        // Q, the stages' K and V rows (`AttnTile::kSmem`), each stage's staged page ids (kt
+        // 8-byte entries) and the block's key sources.
         let (qs, vs) = (self.d + PAD, self.dvc + PAD);
-        let ids = 8 * self.stages * self.kt;
+        let ids = 8 * self.stages * self.kt + KEY_SOURCES;
         elem * (self.rows() * qs + self.stages * self.kt * (qs + vs)) + ids
     }
     /// A two-warpgroup Hopper tile of which an SM holds one block (MINB 1 in
@@ -707,11 +710,11 @@ mod tests {
         // d128: Q 128 x 136, two stages of 32 keys' K and V rows of 136, bf16; 64 page ids.
         let d128 = VARIANTS[1];
         assert_eq!((d128.rows(), d128.m_tiles), (128, 2));
-        assert_eq!(d128.smem_bytes(2), 2 * (128 * 136 + 2 * 32 * 272) + 8 * 64);
+        assert_eq!(d128.smem_bytes(2), 2 * (128 * 136 + 2 * 32 * 272) + 8 * 64 + 64);
         // d576vk (attention_mla.cuh): two stages of 32 keys' K rows, P 64 x 40, each warp's
         // fp32 scores for its partner (8 warps x 32 lanes x 2 float4), each warp's last two
         // k-steps of Q fragments (8 x 32 x 2 uint4), 64 rows' scale, maximum and sum and 8
-        // flags, 64 page ids: 97,568 bytes.
+        // flags, 64 page ids, 64 bytes of key sources: 97,632 bytes.
         let mla = VARIANTS[4];
         assert_eq!(
             (mla.rows(), mla.block_cols(), 32 * mla.warps),
@@ -719,9 +722,9 @@ mod tests {
         );
         assert_eq!(
             mla.smem_bytes(2),
-            2 * (2 * 32 * 584 + 64 * 40) + 8 * 32 * 2 * 16 * 2 + 4 * 3 * 64 + 4 * 8 + 8 * 64
+            2 * (2 * 32 * 584 + 64 * 40) + 8 * 32 * 2 * 16 * 2 + 4 * 3 * 64 + 4 * 8 + 8 * 64 + 64
         );
-        assert_eq!(mla.smem_bytes(2), 97_568);
+        assert_eq!(mla.smem_bytes(2), 97_632);
         assert_eq!(
             Variant::for_head_dim(576, 512, false).unwrap().1.name,
             "d576"

@@ -181,10 +181,11 @@ struct AttnTile {
   static constexpr int VS = DVC + kAttnPad;    // of V
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kStages = ST;  // K/V tiles in flight: the next loads while this computes
-  // Q, the stages' K and V rows, then each stage's staged page ids (KT 8-byte entries).
+  // Q, the stages' K and V rows, then each stage's staged page ids (KT 8-byte entries) and
+  // the block's KeySources (64 bytes).
   static constexpr size_t kSmem =
       sizeof(T) * (static_cast<size_t>(BM) * QS + kStages * KT * (QS + VS)) +
-      sizeof(long long) * kStages * KT;
+      sizeof(long long) * kStages * KT + 64;
   static_assert(MT >= 1 && MT <= 2, "one or two m16 tiles a warp");
 };
 
@@ -582,6 +583,19 @@ __device__ __forceinline__ void qk_tile(float (&s)[MT][NT][4], const T* qa, cons
       }
 }
 
+// Where a block's keys come from, by kind ([0] the tree's rows of k_new / v_new, [1] the
+// pool), at its KV head g (V from value column col0), with each kind's row stride: written
+// once by the block's first thread and read per key thereafter, so that a tile's copies
+// find their source with two loads instead of recomputing these per tile (TileGather).
+template <typename T>
+struct KeySources {
+  const T* k[2];
+  const T* v[2];
+  long long ks[2];
+  long long vs[2];
+};
+static_assert(sizeof(KeySources<__half>) == 64, "KeySources: the 64 bytes the tiles reserve");
+
 // A block's gather of its split's keys into ST stages of KT keys (K rows QS elements apart
 // in kbuf, V rows VS apart in vbuf; KC and VC 16-byte chunks of each), pipelined through
 // cp.async: `prologue` puts the first ST - 1 tiles in flight, `next` waits for the tile at
@@ -635,6 +649,55 @@ struct TileGather {
     }
     cp_async_commit();
   }
+  // This thread's key of the tile at `ahead` (stage `fill`, its page ids staged there): which
+  // row of the pool or of the tree it is, found without a branch, so that its copies' setup
+  // is a few instructions rather than a tree of them (every source is computed and the right
+  // one selected). `valid` false past the split or when `any` is (no tile to load).
+  struct StagedRow {
+    long long row;  // the pool slot of a prefix key, else the tree node's row of k_new
+    bool in_prefix, valid;
+  };
+  __device__ __forceinline__ StagedRow staged_row(long long ahead, int fill, bool any) const {
+    const int key = my_key();
+    const long long t = ahead + key;
+    // The key's page id among the tile's staged ones: entry (t >> s) - (ahead >> s), found in
+    // 32 bits (below KT). A tree key's entry is read too and selected away.
+    const int mask = (1 << p.page_shift) - 1;
+    const long long* entry =
+        ids + fill * KT + (((static_cast<int>(ahead) & mask) + key) >> p.page_shift);
+    const long long page = p.index64 ? *entry : *reinterpret_cast<const int*>(entry);
+    const long long slot = (page << p.page_shift) | (static_cast<int>(t) & mask);
+    const long long node = static_cast<long long>(w.b) * p.q_nodes + (t - w.prefix);
+    const bool in_prefix = t < w.prefix;
+    return {in_prefix ? slot : node, in_prefix, any && t < w.k_end};
+  }
+  // The K row (and V row, from value column col0) of a StagedRow, from the block's
+  // KeySources.
+  __device__ __forceinline__ const T* k_row(const StagedRow& r) const {
+    const KeySources<T>& s = *sources();
+    return s.k[r.in_prefix] + r.row * s.ks[r.in_prefix];
+  }
+  __device__ __forceinline__ const T* v_row(const StagedRow& r) const {
+    const KeySources<T>& s = *sources();
+    return s.v[r.in_prefix] + r.row * s.vs[r.in_prefix];
+  }
+  // The block's KeySources: the 64 bytes after the stages' page ids.
+  __device__ __forceinline__ KeySources<T>* sources() const {
+    return reinterpret_cast<KeySources<T>*>(ids + ST * KT);
+  }
+  // Written by the first thread before the first tile's barrier (`prologue`).
+  __device__ __forceinline__ void write_sources() const {
+    if (threadIdx.x != 0) return;
+    KeySources<T>& s = *sources();
+    s.k[0] = static_cast<const T*>(p.k_new) + w.g * p.kn_s1;
+    s.k[1] = static_cast<const T*>(p.k_cache) + w.g * p.kc_s1;
+    s.v[0] = static_cast<const T*>(p.v_new) + w.g * p.vn_s1 + w.col0;
+    s.v[1] = static_cast<const T*>(p.v_cache) + w.g * p.vc_s1 + w.col0;
+    s.ks[0] = p.kn_s0;
+    s.ks[1] = p.kc_s0;
+    s.vs[0] = p.vn_s0;
+    s.vs[1] = p.vc_s0;
+  }
   // A tile's K rows issued chunk by chunk between other work (the MLA tile spreads them over
   // its products, so the copies neither queue up at once nor hold the registers the
   // instructions after them need). The row's address is found without a branch: every
@@ -656,27 +719,14 @@ struct TileGather {
     long long ahead;
     int fill;
     const bool any = ahead_of(kt, st, ahead, fill);
-    const int key = my_key();
-    const long long t = ahead + key;
-    const bool valid = any && t < w.k_end, in_prefix = t < w.prefix;
-    // The key's page id among the tile's staged ones: entry (t >> s) - (ahead >> s), found in
-    // 32 bits (below KT). A tree key's entry is read too and selected away.
-    const int mask = (1 << p.page_shift) - 1;
-    const long long* entry = ids + fill * KT + (((static_cast<int>(ahead) & mask) + key) >> p.page_shift);
-    const long long page = p.index64 ? *entry : *reinterpret_cast<const int*>(entry);
-    const long long slot = (page << p.page_shift) | (static_cast<int>(t) & mask);
-    const long long node = static_cast<long long>(w.b) * p.q_nodes + (t - w.prefix);
+    const StagedRow r = staged_row(ahead, fill, any);
     const T* k_new = static_cast<const T*>(p.k_new);
-    const T* base = in_prefix ? static_cast<const T*>(p.k_cache) + w.g * p.kc_s1
-                              : k_new + w.g * p.kn_s1;
-    const long long row = in_prefix ? slot : node;
-    const long long stride = in_prefix ? p.kc_s0 : p.kn_s0;
     const int col = my_part() * 8;
     // Chunk i covers columns col + 8 * TPK * i ..: real while below dqk (a multiple of 8).
     const int real = min(kChunks, max(0, (p.dqk - col + 8 * TPK - 1) / (8 * TPK)));
     const T* dst = kbuf + (fill * KT + my_key()) * QS + col;
     return {static_cast<unsigned>(__cvta_generic_to_shared(dst)),
-            (valid ? base + row * stride : k_new) + col, valid ? real : 0};
+            (r.valid ? k_row(r) : k_new) + col, r.valid ? real : 0};
   }
   // Chunk i (< kChunks) of this thread's K row.
   __device__ __forceinline__ void issue_chunk(const RowChunks& c, int i) const {
@@ -703,6 +753,7 @@ struct TileGather {
   // The first ST - 1 tiles in flight (an empty commit group keeps the count uniform), their
   // slots read from the page table here, once.
   __device__ __forceinline__ void prologue() const {
+    write_sources();
 #pragma unroll
     for (int i = 0; i < ST - 1; ++i) {
       const long long kt = w.k_begin + static_cast<long long>(i) * KT;
@@ -722,9 +773,29 @@ struct TileGather {
     long long ahead;
     int fill;
     if (refill(kt, st, ahead, fill))
-      issue(ahead, fill, slot_of(ahead, true, fill));
+      issue_staged(ahead, fill);
     else
       cp_async_commit();
+  }
+  // `issue` for a tile whose page ids are staged (stage `fill`), its rows found by
+  // staged_row.
+  __device__ __forceinline__ void issue_staged(long long ahead, int fill) const {
+    const StagedRow r = staged_row(ahead, fill, true);
+    const T* k = r.valid ? k_row(r) : static_cast<const T*>(p.k_new);
+    const T* v = r.valid ? v_row(r) : static_cast<const T*>(p.v_new);
+    T* kd = kbuf + (fill * KT + my_key()) * QS;
+    T* vd = vbuf + (fill * KT + my_key()) * VS;
+#pragma unroll
+    for (int i = 0; i < KC / TPK; ++i) {
+      const int col = (my_part() + i * TPK) * 8;
+      cp_async16(kd + col, k + col, r.valid && col < p.dqk);
+    }
+#pragma unroll
+    for (int i = 0; i < VC / TPK; ++i) {
+      const int col = (my_part() + i * TPK) * 8;
+      cp_async16(vd + col, v + col, r.valid && col < w.dv_here);
+    }
+    cp_async_commit();
   }
   // next's first half: waits for the tile at kt (stage st), then `ahead_of`.
   __device__ __forceinline__ bool refill(long long kt, int st, long long& ahead,

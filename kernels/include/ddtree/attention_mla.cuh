@@ -47,13 +47,13 @@ struct PortableMlaTile {
   static constexpr int VCOLS = DV / kWarps; // value columns a warp (8 n8 tiles)
   // Shared memory: the K tiles; each warp's partial S for its partner's rows (two float4 a
   // lane); P; the rows' rescale factors, final maxima and sums (fp32) and each warp's
-  // "moved" flag; each stage's staged page ids.
+  // "moved" flag; each stage's staged page ids and the block's KeySources.
   static constexpr size_t kK = sizeof(T) * ST * KT * QS;
   static constexpr size_t kSums = sizeof(float) * 4 * kWarps * 2 * 32;
   static constexpr size_t kQTail = 16 * QTAIL * 32 * kWarps;  // a uint4 a lane a k-step
   static constexpr size_t kP = sizeof(T) * BM * PS;
   static constexpr size_t kRows = sizeof(float) * 3 * BM + sizeof(int) * kWarps;
-  static constexpr size_t kIds = sizeof(long long) * ST * KT;
+  static constexpr size_t kIds = sizeof(long long) * ST * KT + 64;  // and KeySources
   static constexpr size_t kSmem = kK + kSums + kQTail + kP + kRows + kIds;
   static_assert(kK % 16 == 0 && kSums % 16 == 0 && kP % 16 == 0 && kRows % 8 == 0,
                 "regions keep 16-byte (float4) and 8-byte (page id) alignment");
