@@ -9,8 +9,11 @@
 // and one ldmatrix per two products (the MLA tile this one replaced). Here a block takes 64
 // rows and Q never enters shared memory:
 // * S = Q K^T: warp w takes the 16 rows of quarter w % 4 over half w / 4 of the head dim
-//   (288 columns, 18 k-steps), its Q fragments held in 72 registers for the whole split.
-//   A K fragment serves two products. The two warps of a quarter then split its rows: each
+//   (288 columns, 18 k-steps), its Q fragments held for the whole split: 16 k-steps in 64
+//   registers, the last two in shared memory (a uint4 a lane, read back by the same lane),
+//   which frees the registers that let the compiler load a k-step's K fragments before the
+//   previous k-step's products (at 255 registers it had one fragment buffer, and every
+//   k-step waited on its ldmatrix; session 27). A K fragment serves two products. The two warps of a quarter then split its rows: each
 //   posts its partial S (fp32) for the lane's row its partner weighs and adds the partner's
 //   for its own (the lower warp the fragment's row gr, the upper gr + 8), runs the online
 //   softmax of that row and writes its P (bf16/fp16) and rescale factor to shared memory, so
@@ -23,7 +26,10 @@
 // k-step of S rather than all at once: issued together they queued at the load unit and
 // held their address registers, which the instructions after them then waited for (Nsight
 // Compute put a quarter of the warps' stall samples there); spread, the tile is 1.02-1.21x
-// faster on the H200 (BENCHMARKS.md, session 22).
+// faster on the H200 (BENCHMARKS.md, session 22). Their addresses are found without a branch
+// from the staged page ids and the block's KeySources (TileGather::next_row): the setup
+// branched on the key's kind and recomputed the block's base pointers each tile, 130
+// instructions a warp a tile between the barrier and the first product (session 27).
 #pragma once
 #include "attention.cuh"
 
@@ -40,22 +46,23 @@ struct PortableMlaTile {
   static constexpr int ST = 2;              // tiles in flight
   static constexpr int NT = KT / 8;         // n8 tiles of S a warp
   static constexpr int QS = D + kAttnPad;   // shared row stride of a K tile, elements
-  static constexpr int PS = KT + kAttnPad;  // of P
+  static constexpr int PS = KT + kAttnPad;  // of P (8 rows a pair slot)
   static constexpr int KSTEPS = D / 2 / 16; // k-steps of a warp's half of the head dim
-  static constexpr int QTAIL = 2;           // of them whose Q fragments wait in shared memory
+  static constexpr int QTAIL = 4;           // of them whose Q fragments wait in shared memory
   static constexpr int KREG = KSTEPS - QTAIL;  // and in registers
   static constexpr int VCOLS = DV / kWarps; // value columns a warp (8 n8 tiles)
-  // Shared memory: the K tiles; each warp's partial S for its partner's rows (two float4 a
-  // lane); P; the rows' rescale factors, final maxima and sums (fp32) and each warp's
-  // "moved" flag; each stage's staged page ids and the block's KeySources.
+  // Shared memory: the K tiles; each warp's slot of partial S for its partner's rows (two
+  // float4 a lane), which then holds P (P_SLOT); the Q fragments of the last QTAIL k-steps;
+  // the rows' rescale factors, final maxima and sums (fp32) and each warp's "moved" flag;
+  // each stage's staged page ids and the block's KeySources.
   static constexpr size_t kK = sizeof(T) * ST * KT * QS;
   static constexpr size_t kSums = sizeof(float) * 4 * kWarps * 2 * 32;
   static constexpr size_t kQTail = 16 * QTAIL * 32 * kWarps;  // a uint4 a lane a k-step
-  static constexpr size_t kP = sizeof(T) * BM * PS;
   static constexpr size_t kRows = sizeof(float) * 3 * BM + sizeof(int) * kWarps;
   static constexpr size_t kIds = sizeof(long long) * ST * KT + 64;  // and KeySources
-  static constexpr size_t kSmem = kK + kSums + kQTail + kP + kRows + kIds;
-  static_assert(kK % 16 == 0 && kSums % 16 == 0 && kP % 16 == 0 && kRows % 8 == 0,
+  static constexpr size_t kSmem = kK + kSums + kQTail + kRows + kIds;
+  static_assert(8 * PS * sizeof(T) <= 2 * 16 * 32, "a warp's 8 rows of P fit its pair slot");
+  static_assert(kK % 16 == 0 && kSums % 16 == 0 && kQTail % 16 == 0 && kRows % 8 == 0,
                 "regions keep 16-byte (float4) and 8-byte (page id) alignment");
 };
 
@@ -206,9 +213,8 @@ __device__ void attention_mla_block(const AttentionParams& p, unsigned char* sme
   T* kbuf = reinterpret_cast<T*>(smem);
   float4* pair_sums = reinterpret_cast<float4*>(smem + Tile::kK);
   uint4* qtail_all = reinterpret_cast<uint4*>(smem + Tile::kK + Tile::kSums);
-  T* pbuf = reinterpret_cast<T*>(smem + Tile::kK + Tile::kSums + Tile::kQTail);
   float* row_scale =
-      reinterpret_cast<float*>(smem + Tile::kK + Tile::kSums + Tile::kQTail + Tile::kP);
+      reinterpret_cast<float*>(smem + Tile::kK + Tile::kSums + Tile::kQTail);
   float* row_m = row_scale + Tile::BM;
   float* row_l = row_m + Tile::BM;
   int* moved = reinterpret_cast<int*>(row_l + Tile::BM);
@@ -233,7 +239,7 @@ __device__ void attention_mla_block(const AttentionParams& p, unsigned char* sme
   {
     const int* bits_of[2];
     rows_out(p, w, 16 * quarter + gr, bits_of);
-    bits = bits_of[upper];
+    bits = upper ? bits_of[1] : bits_of[0];  // a select: an index would use local memory
   }
   // The last QTAIL k-steps' fragments go to this lane's slots in shared memory (read back by
   // the same lane only: no barrier).
@@ -259,7 +265,11 @@ __device__ void attention_mla_block(const AttentionParams& p, unsigned char* sme
   // value columns of the same tile) and P.
   const int k_off = (mr + (mi >> 1) * 8) * QS + (mi & 1) * 8 + upper * (Tile::D / 2);
   const int v_off = (mr + (mi & 1) * 8) * QS + (mi >> 1) * 8 + warp * Tile::VCOLS;
-  const T* pa = pbuf + (mr + (mi & 1) * 8) * PS + (mi >> 1) * 8;
+  // P's rows lie in the pair slots (see P_SLOT): this lane's row of m16 tile i, 16 * i + mr +
+  // (mi & 1) * 8, is row mr of the slot of warp (i, 1 - (mi & 1)); the tiles' slots 2 apart.
+  const T* pa = reinterpret_cast<const T*>(pair_sums + (1 - (mi & 1)) * 2 * 32) + mr * PS +
+                (mi >> 1) * 8;
+  constexpr int kTileP = 2 * 2 * 32 * 16 / sizeof(T);  // elements between two m16 tiles' P
 
   OneRowSoftmax sm;  // the lane's row this warp weighs
   float acc[4][VT][4];
@@ -314,7 +324,13 @@ __device__ void attention_mla_block(const AttentionParams& p, unsigned char* sme
     const bool moves = sm.weigh(v, tile_max, scale);
     if (moves && gc == 0) row_scale[my_row] = scale;
     if (lane == 0) moved[warp] = moves;
-    T* prow = pbuf + my_row * PS + 2 * gc;
+    // P_SLOT: the warp writes its rows' P into the slot it has just read its partner's
+    // partial S from (the partner never reads its own slot, and every warp is past the
+    // products that read P before the next tile's partials are posted): row gr of that slot,
+    // PS elements a row. (__syncwarp: the lanes' reads of the slot before any lane's write.)
+    __syncwarp();
+    T* prow = reinterpret_cast<T*>(pair_sums + (2 * quarter + 1 - upper) * 2 * 32) + gr * PS +
+              2 * gc;
 #pragma unroll
     for (int n = 0; n < NT; ++n)
       *reinterpret_cast<uint32_t*>(prow + n * 8) = Mma::pack(v[n][0], v[n][1]);
@@ -336,7 +352,7 @@ __device__ void attention_mla_block(const AttentionParams& p, unsigned char* sme
     for (int kk = 0; kk < KT / 16; ++kk) {
       uint32_t a[4][4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) ldmatrix_x4(a[i], pa + i * 16 * PS + kk * 16);
+      for (int i = 0; i < 4; ++i) ldmatrix_x4(a[i], pa + i * kTileP + kk * 16);
 #pragma unroll
       for (int t = 0; t < VT; t += 2) {
         uint32_t bf[4];  // columns t*8.. (keys 0-7, 8-15), then columns t*8+8..
