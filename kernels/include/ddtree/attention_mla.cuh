@@ -7,17 +7,19 @@
 // (once per fragment a warp loads). A tile that holds Q in shared memory, as
 // attention_block's do, leaves room under 99 KB for 32 rows of MLA's 576 columns a block
 // and one ldmatrix per two products (the MLA tile this one replaced). Here a block takes 64
-// rows and Q never enters shared memory:
+// rows and Q never enters a shared tile (each warp keeps its own fragments):
 // * S = Q K^T: warp w takes the 16 rows of quarter w % 4 over half w / 4 of the head dim
-//   (288 columns, 18 k-steps), its Q fragments held for the whole split: 16 k-steps in 64
-//   registers, the last two in shared memory (a uint4 a lane, read back by the same lane),
+//   (288 columns, 18 k-steps), its Q fragments held for the whole split: 14 k-steps in 56
+//   registers, the last four in shared memory (a uint4 a lane, read back by the same lane),
 //   which frees the registers that let the compiler load a k-step's K fragments before the
-//   previous k-step's products (at 255 registers it had one fragment buffer, and every
-//   k-step waited on its ldmatrix; session 27). A K fragment serves two products. The two warps of a quarter then split its rows: each
+//   previous k-step's products (with all 18 in registers it had one fragment buffer, and
+//   every k-step waited on its ldmatrix; session 27). A K fragment serves two products. The two warps of a quarter then split its rows: each
 //   posts its partial S (fp32) for the lane's row its partner weighs and adds the partner's
 //   for its own (the lower warp the fragment's row gr, the upper gr + 8), runs the online
 //   softmax of that row and writes its P (bf16/fp16) and rescale factor to shared memory, so
 //   that the softmax between the products takes half the time it did on one warp of the two.
+//   P goes into the slot the warp has just read its partner's partial from (P_SLOT below),
+//   which leaves shared memory for the Q fragments above.
 // * O += P V: warp w takes value columns 64w .. 64w + 63 of all 64 rows (4 x 8 m16n8
 //   accumulators): per 16 keys, four P fragments and four V fragments feed 32 products.
 // Per tile of 32 keys a warp loads 52 fragments for 136 products (the replaced tile: 52 for
