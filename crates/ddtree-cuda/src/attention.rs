@@ -238,15 +238,15 @@ impl Variant {
             return elem * halves + ids + 1024;
         }
         if self.mla {
-            // The K tiles (`PortableMlaTile::kSmem`); each warp's slot of fp32 partial scores
-            // for its partner's rows (two float4 a lane), which then holds P; the Q fragments
-            // of each warp's last four k-steps (a uint4 a lane a k-step); three fp32 values a
-            // row and a flag a warp; the staged page ids and the block's key sources.
-            let k_tiles = self.stages * self.kt * (self.d + PAD);
-            let slots = 16 * self.warps * 2 * 32;
-            let q_tail = 16 * 4 * 32 * self.warps;
-            return elem * k_tiles
-                + slots
+            // The K tiles and P (`PortableMlaTile::kSmem`); each warp's fp32 partial scores for
+            // its partner's rows (two float4 a lane); three fp32 values a row and a flag a warp;
+            // the staged page ids and the block's key sources (64 bytes).
+            let halves = self.stages * self.kt * (self.d + PAD) + self.rows() * (self.kt + PAD);
+            let sums = 16 * self.warps * 2 * 32;
+            // The Q fragments of each warp's last two k-steps (a uint4 a lane a k-step).
+            let q_tail = 16 * 2 * 32 * self.warps;
+            return elem * halves
+                + sums
                 + q_tail
                 + 4 * 3 * self.rows()
                 + 4 * self.warps
@@ -710,14 +710,11 @@ mod tests {
         // d128: Q 128 x 136, two stages of 32 keys' K and V rows of 136, bf16; 64 page ids.
         let d128 = VARIANTS[1];
         assert_eq!((d128.rows(), d128.m_tiles), (128, 2));
-        assert_eq!(
-            d128.smem_bytes(2),
-            2 * (128 * 136 + 2 * 32 * 272) + 8 * 64 + 64
-        );
-        // d576vk (attention_mla.cuh): two stages of 32 keys' K rows, each warp's slot of fp32
-        // scores for its partner, then P (8 warps x 32 lanes x 2 float4), each warp's last
-        // four k-steps of Q fragments (8 x 32 x 4 uint4), 64 rows' scale, maximum and sum and
-        // 8 flags, 64 page ids, 64 bytes of key sources: 100,704 bytes.
+        assert_eq!(d128.smem_bytes(2), 2 * (128 * 136 + 2 * 32 * 272) + 8 * 64 + 64);
+        // d576vk (attention_mla.cuh): two stages of 32 keys' K rows, P 64 x 40, each warp's
+        // fp32 scores for its partner (8 warps x 32 lanes x 2 float4), each warp's last two
+        // k-steps of Q fragments (8 x 32 x 2 uint4), 64 rows' scale, maximum and sum and 8
+        // flags, 64 page ids, 64 bytes of key sources: 97,632 bytes.
         let mla = VARIANTS[4];
         assert_eq!(
             (mla.rows(), mla.block_cols(), 32 * mla.warps),
@@ -725,9 +722,9 @@ mod tests {
         );
         assert_eq!(
             mla.smem_bytes(2),
-            2 * 2 * 32 * 584 + 8 * 32 * 2 * 16 + 8 * 32 * 4 * 16 + 4 * 3 * 64 + 4 * 8 + 8 * 64 + 64
+            2 * (2 * 32 * 584 + 64 * 40) + 8 * 32 * 2 * 16 * 2 + 4 * 3 * 64 + 4 * 8 + 8 * 64 + 64
         );
-        assert_eq!(mla.smem_bytes(2), 100_704);
+        assert_eq!(mla.smem_bytes(2), 97_632);
         assert_eq!(
             Variant::for_head_dim(576, 512, false).unwrap().1.name,
             "d576"

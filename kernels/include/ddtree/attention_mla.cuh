@@ -9,17 +9,16 @@
 // and one ldmatrix per two products (the MLA tile this one replaced). Here a block takes 64
 // rows and Q never enters a shared tile (each warp keeps its own fragments):
 // * S = Q K^T: warp w takes the 16 rows of quarter w % 4 over half w / 4 of the head dim
-//   (288 columns, 18 k-steps), its Q fragments held for the whole split: 14 k-steps in 56
-//   registers, the last four in shared memory (a uint4 a lane, read back by the same lane),
+//   (288 columns, 18 k-steps), its Q fragments held for the whole split: 16 k-steps in 64
+//   registers, the last two in shared memory (a uint4 a lane, read back by the same lane),
 //   which frees the registers that let the compiler load a k-step's K fragments before the
 //   previous k-step's products (with all 18 in registers it had one fragment buffer, and
-//   every k-step waited on its ldmatrix; session 27). A K fragment serves two products. The two warps of a quarter then split its rows: each
+//   every k-step waited on its ldmatrix; session 27). Four k-steps there, with P moved into
+//   the pair slots to make room, measured 2-3 % slower. A K fragment serves two products. The two warps of a quarter then split its rows: each
 //   posts its partial S (fp32) for the lane's row its partner weighs and adds the partner's
 //   for its own (the lower warp the fragment's row gr, the upper gr + 8), runs the online
 //   softmax of that row and writes its P (bf16/fp16) and rescale factor to shared memory, so
 //   that the softmax between the products takes half the time it did on one warp of the two.
-//   P goes into the slot the warp has just read its partner's partial from (P_SLOT below),
-//   which leaves shared memory for the Q fragments above.
 // * O += P V: warp w takes value columns 64w .. 64w + 63 of all 64 rows (4 x 8 m16n8
 //   accumulators): per 16 keys, four P fragments and four V fragments feed 32 products.
 // Per tile of 32 keys a warp loads 52 fragments for 136 products (the replaced tile: 52 for
@@ -48,23 +47,22 @@ struct PortableMlaTile {
   static constexpr int ST = 2;              // tiles in flight
   static constexpr int NT = KT / 8;         // n8 tiles of S a warp
   static constexpr int QS = D + kAttnPad;   // shared row stride of a K tile, elements
-  static constexpr int PS = KT + kAttnPad;  // of P (8 rows a pair slot)
+  static constexpr int PS = KT + kAttnPad;  // of P
   static constexpr int KSTEPS = D / 2 / 16; // k-steps of a warp's half of the head dim
-  static constexpr int QTAIL = 4;           // of them whose Q fragments wait in shared memory
+  static constexpr int QTAIL = 2;           // of them whose Q fragments wait in shared memory
   static constexpr int KREG = KSTEPS - QTAIL;  // and in registers
   static constexpr int VCOLS = DV / kWarps; // value columns a warp (8 n8 tiles)
-  // Shared memory: the K tiles; each warp's slot of partial S for its partner's rows (two
-  // float4 a lane), which then holds P (P_SLOT); the Q fragments of the last QTAIL k-steps;
-  // the rows' rescale factors, final maxima and sums (fp32) and each warp's "moved" flag;
-  // each stage's staged page ids and the block's KeySources.
+  // Shared memory: the K tiles; each warp's partial S for its partner's rows (two float4 a
+  // lane); P; the rows' rescale factors, final maxima and sums (fp32) and each warp's
+  // "moved" flag; each stage's staged page ids and the block's KeySources.
   static constexpr size_t kK = sizeof(T) * ST * KT * QS;
   static constexpr size_t kSums = sizeof(float) * 4 * kWarps * 2 * 32;
   static constexpr size_t kQTail = 16 * QTAIL * 32 * kWarps;  // a uint4 a lane a k-step
+  static constexpr size_t kP = sizeof(T) * BM * PS;
   static constexpr size_t kRows = sizeof(float) * 3 * BM + sizeof(int) * kWarps;
   static constexpr size_t kIds = sizeof(long long) * ST * KT + 64;  // and KeySources
-  static constexpr size_t kSmem = kK + kSums + kQTail + kRows + kIds;
-  static_assert(8 * PS * sizeof(T) <= 2 * 16 * 32, "a warp's 8 rows of P fit its pair slot");
-  static_assert(kK % 16 == 0 && kSums % 16 == 0 && kQTail % 16 == 0 && kRows % 8 == 0,
+  static constexpr size_t kSmem = kK + kSums + kQTail + kP + kRows + kIds;
+  static_assert(kK % 16 == 0 && kSums % 16 == 0 && kP % 16 == 0 && kRows % 8 == 0,
                 "regions keep 16-byte (float4) and 8-byte (page id) alignment");
 };
 
@@ -215,8 +213,9 @@ __device__ void attention_mla_block(const AttentionParams& p, unsigned char* sme
   T* kbuf = reinterpret_cast<T*>(smem);
   float4* pair_sums = reinterpret_cast<float4*>(smem + Tile::kK);
   uint4* qtail_all = reinterpret_cast<uint4*>(smem + Tile::kK + Tile::kSums);
+  T* pbuf = reinterpret_cast<T*>(smem + Tile::kK + Tile::kSums + Tile::kQTail);
   float* row_scale =
-      reinterpret_cast<float*>(smem + Tile::kK + Tile::kSums + Tile::kQTail);
+      reinterpret_cast<float*>(smem + Tile::kK + Tile::kSums + Tile::kQTail + Tile::kP);
   float* row_m = row_scale + Tile::BM;
   float* row_l = row_m + Tile::BM;
   int* moved = reinterpret_cast<int*>(row_l + Tile::BM);
@@ -267,11 +266,7 @@ __device__ void attention_mla_block(const AttentionParams& p, unsigned char* sme
   // value columns of the same tile) and P.
   const int k_off = (mr + (mi >> 1) * 8) * QS + (mi & 1) * 8 + upper * (Tile::D / 2);
   const int v_off = (mr + (mi & 1) * 8) * QS + (mi >> 1) * 8 + warp * Tile::VCOLS;
-  // P's rows lie in the pair slots (see P_SLOT): this lane's row of m16 tile i, 16 * i + mr +
-  // (mi & 1) * 8, is row mr of the slot of warp (i, 1 - (mi & 1)); the tiles' slots 2 apart.
-  const T* pa = reinterpret_cast<const T*>(pair_sums + (1 - (mi & 1)) * 2 * 32) + mr * PS +
-                (mi >> 1) * 8;
-  constexpr int kTileP = 2 * 2 * 32 * 16 / sizeof(T);  // elements between two m16 tiles' P
+  const T* pa = pbuf + (mr + (mi & 1) * 8) * PS + (mi >> 1) * 8;
 
   OneRowSoftmax sm;  // the lane's row this warp weighs
   float acc[4][VT][4];
@@ -326,13 +321,7 @@ __device__ void attention_mla_block(const AttentionParams& p, unsigned char* sme
     const bool moves = sm.weigh(v, tile_max, scale);
     if (moves && gc == 0) row_scale[my_row] = scale;
     if (lane == 0) moved[warp] = moves;
-    // P_SLOT: the warp writes its rows' P into the slot it has just read its partner's
-    // partial S from (the partner never reads its own slot, and every warp is past the
-    // products that read P before the next tile's partials are posted): row gr of that slot,
-    // PS elements a row. (__syncwarp: the lanes' reads of the slot before any lane's write.)
-    __syncwarp();
-    T* prow = reinterpret_cast<T*>(pair_sums + (2 * quarter + 1 - upper) * 2 * 32) + gr * PS +
-              2 * gc;
+    T* prow = pbuf + my_row * PS + 2 * gc;
 #pragma unroll
     for (int n = 0; n < NT; ++n)
       *reinterpret_cast<uint32_t*>(prow + n * 8) = Mma::pack(v[n][0], v[n][1]);
@@ -354,7 +343,7 @@ __device__ void attention_mla_block(const AttentionParams& p, unsigned char* sme
     for (int kk = 0; kk < KT / 16; ++kk) {
       uint32_t a[4][4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) ldmatrix_x4(a[i], pa + i * kTileP + kk * 16);
+      for (int i = 0; i < 4; ++i) ldmatrix_x4(a[i], pa + i * 16 * PS + kk * 16);
 #pragma unroll
       for (int t = 0; t < VT; t += 2) {
         uint32_t bf[4];  // columns t*8.. (keys 0-7, 8-15), then columns t*8+8..
@@ -375,10 +364,16 @@ __device__ void attention_mla_block(const AttentionParams& p, unsigned char* sme
     row_l[my_row] = sm.l;
   }
   __syncthreads();
+  // The block's request and KV head again from %ctaid.z, read anew (a volatile read stays
+  // here): kept across the loop instead, sm_120's build spilled it to local memory.
+  AttnBlock at = w;
+  asm volatile("mov.u32 %0, %%ctaid.z;\n" : "=r"(at.z));
+  at.b = at.z / p.hkv;
+  at.g = at.z % p.hkv;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int* unused[2];
-    const RowsOut out = rows_out(p, w, 16 * i + gr, unused);
+    const RowsOut out = rows_out(p, at, 16 * i + gr, unused);
     RowSoftmax rows;
     rows.m[0] = row_m[16 * i + gr];
     rows.m[1] = row_m[16 * i + gr + 8];
