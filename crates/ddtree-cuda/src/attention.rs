@@ -707,10 +707,14 @@ mod tests {
             );
         }
         // `AttnTile::kSmem` by hand (attention.cu asserts it is under 99 KB as well):
-        // d128: Q 128 x 136, two stages of 32 keys' K and V rows of 136, bf16; 64 page ids.
+        // d128: Q 128 x 136, two stages of 32 keys' K and V rows of 136, bf16; 64 page ids and
+        // 64 bytes of key sources.
         let d128 = VARIANTS[1];
         assert_eq!((d128.rows(), d128.m_tiles), (128, 2));
-        assert_eq!(d128.smem_bytes(2), 2 * (128 * 136 + 2 * 32 * 272) + 8 * 64 + 64);
+        assert_eq!(
+            d128.smem_bytes(2),
+            2 * (128 * 136 + 2 * 32 * 272) + 8 * 64 + 64
+        );
         // d576vk (attention_mla.cuh): two stages of 32 keys' K rows, P 64 x 40, each warp's
         // fp32 scores for its partner (8 warps x 32 lanes x 2 float4), each warp's last two
         // k-steps of Q fragments (8 x 32 x 2 uint4), 64 rows' scale, maximum and sum and 8
