@@ -144,7 +144,8 @@ __device__ __forceinline__ long long prefix_slot(const AttentionParams& p, long 
 // Page-table staging: the entries of the pages the prefix keys of the tile of KT keys at
 // kt use, copied by threads 0 .. KT - 1 into `ids` (KT 8-byte slots) by cp.async, not
 // committed (they join the caller's group). A tile gathered later finds its keys' page ids
-// there (`staged_slot`) instead of waiting on a page-table read from global memory.
+// there (`staged_slot`, `TileGather::staged_row`) instead of waiting on a page-table read
+// from global memory.
 template <int KT>
 __device__ __forceinline__ void stage_page_ids(const AttentionParams& p, long long* ids,
                                                long long kt, long long k_end, long long prefix,
@@ -602,7 +603,8 @@ static_assert(sizeof(KeySources<__half>) == 64, "KeySources: the 64 bytes the ti
 // kt (stage st) and refills the stage computed before it with the tile ST - 1 ahead. Each
 // key of a tile has kThreads / KT threads, which copy its rows in neighbouring 16-byte
 // chunks (coalesced); a tile's page ids are staged in shared memory (ids, KT a stage) a
-// tile before its rows are gathered, so no gather waits on a page-table read.
+// tile before its rows are gathered, so no gather waits on a page-table read, and the
+// block's KeySources follow them (written once by `prologue`).
 template <typename T, int KT, int ST, int kThreads, int QS, int VS, int KC, int VC>
 struct TileGather {
   static constexpr int TPK = kThreads / KT;
@@ -639,7 +641,10 @@ struct TileGather {
   // Issues (and commits) the loads of the tile at key kt into stage `st`, this thread's
   // key's prefix rows from pool slot `slot`.
   __device__ __forceinline__ void issue(long long kt, int st, long long slot) const {
-    const KeyCopy c = key_copy(kt, st, slot);
+    issue_copy(key_copy(kt, st, slot));
+  }
+  // Issues (and commits) this thread's copies of its key's K and V rows.
+  __device__ __forceinline__ void issue_copy(const KeyCopy& c) const {
 #pragma unroll
     for (int i = 0; i < KC / TPK; ++i) copy_k_chunk(c, i);
 #pragma unroll
@@ -700,11 +705,9 @@ struct TileGather {
   }
   // A tile's K rows issued chunk by chunk between other work (the MLA tile spreads them over
   // its products, so the copies neither queue up at once nor hold the registers the
-  // instructions after them need). The row's address is found without a branch: every
-  // source is computed and the right one selected, so that the setup is free to interleave
-  // with the products after the barrier instead of standing between them (a branch ends the
-  // block the scheduler may reorder within). `n`: how many of the thread's chunks are real
-  // (0 past the split or with no tile to load); the rest are zero-filled.
+  // instructions after them need), their source found by staged_row. `n`: how many of the
+  // thread's chunks are real (0 past the split or with no tile to load); the rest are
+  // zero-filled.
   struct RowChunks {
     unsigned dst;  // shared address of the thread's first chunk
     const T* src;  // global address of the same
@@ -735,11 +738,12 @@ struct TileGather {
                  "l"(c.src + i * TPK * 8), "r"(i < c.n ? 16 : 0));
   }
   // The pool slot of this thread's key in the tile at kt (0 for a tree node or a key past
-  // the split): read from the page table (`staged`: from the tile's staged page ids).
-  __device__ __forceinline__ long long slot_of(long long kt, bool staged, int st) const {
+  // the split), read from the page table: the prologue's tiles, whose page ids were not
+  // staged (later tiles find theirs by staged_row).
+  __device__ __forceinline__ long long slot_of(long long kt) const {
     const long long t = kt + my_key();
     if (t >= w.prefix || t >= w.k_end) return 0;
-    return staged ? staged_slot(p, ids + st * KT, kt, t) : prefix_slot(p, w.start, t);
+    return prefix_slot(p, w.start, t);
   }
   // The tile ST - 1 ahead of the tile at kt (in stage st) has its page ids staged in the
   // same commit group as this one's rows: they land by the time that tile is issued.
@@ -759,7 +763,7 @@ struct TileGather {
       const long long kt = w.k_begin + static_cast<long long>(i) * KT;
       if (kt < w.k_end) {
         stage_ahead(kt, i);
-        issue(kt, i, slot_of(kt, false, i));
+        issue(kt, i, slot_of(kt));
       } else {
         cp_async_commit();
       }
@@ -781,21 +785,10 @@ struct TileGather {
   // staged_row.
   __device__ __forceinline__ void issue_staged(long long ahead, int fill) const {
     const StagedRow r = staged_row(ahead, fill, true);
-    const T* k = r.valid ? k_row(r) : static_cast<const T*>(p.k_new);
-    const T* v = r.valid ? v_row(r) : static_cast<const T*>(p.v_new);
-    T* kd = kbuf + (fill * KT + my_key()) * QS;
-    T* vd = vbuf + (fill * KT + my_key()) * VS;
-#pragma unroll
-    for (int i = 0; i < KC / TPK; ++i) {
-      const int col = (my_part() + i * TPK) * 8;
-      cp_async16(kd + col, k + col, r.valid && col < p.dqk);
-    }
-#pragma unroll
-    for (int i = 0; i < VC / TPK; ++i) {
-      const int col = (my_part() + i * TPK) * 8;
-      cp_async16(vd + col, v + col, r.valid && col < w.dv_here);
-    }
-    cp_async_commit();
+    const KeyRows<T> src = {r.valid ? k_row(r) : static_cast<const T*>(p.k_new),
+                            r.valid ? v_row(r) : static_cast<const T*>(p.v_new)};
+    issue_copy({kbuf + (fill * KT + my_key()) * QS, vbuf + (fill * KT + my_key()) * VS, src,
+                r.valid});
   }
   // next's first half: waits for the tile at kt (stage st), then `ahead_of`.
   __device__ __forceinline__ bool refill(long long kt, int st, long long& ahead,
