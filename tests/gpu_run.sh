@@ -49,6 +49,23 @@ export PYTHONPATH=/tmp/site
 # Each command of a step gets STEP_SECONDS (default 300): a kernel that hangs fails its step
 # (exit 124) instead of spending the device call's whole time.
 limit() { timeout "${STEP_SECONDS:-300}" "$@"; }
+# Nsight Compute with the sections the ncu steps read, as report /tmp/ncu-$1: its text and
+# hottest SASS lines into $OUT/ncu-$1.txt, its per-line CSV beside the report. The rest of the
+# arguments are ncu's own options, then the command; NCU_ENV (NAME=VALUE words) goes to its
+# environment.
+ncu_run() {
+    local tag=$1 rep=/tmp/ncu-$1
+    shift
+    limit env ${NCU_ENV:-} ncu --clock-control none -f -o "$rep" \
+        --section SpeedOfLight --section Occupancy --section LaunchStats \
+        --section WarpStateStats --section MemoryWorkloadAnalysis \
+        --section ComputeWorkloadAnalysis --section InstructionStats \
+        --section SourceCounters "$@" >/tmp/ncu-run.log 2>&1 || { tail -20 /tmp/ncu-run.log; status=1; }
+    ncu --import "$rep.ncu-rep" >"$OUT/ncu-$tag.txt" 2>&1 || status=1
+    ncu --import "$rep.ncu-rep" --page source --csv --print-source sass \
+        >"$rep-sass.csv" 2>/dev/null || status=1
+    python3 tests/ncu_hot_lines.py "$rep-sass.csv" >>"$OUT/ncu-$tag.txt" 2>&1 || status=1
+}
 # Few files: the device tool returns a limited number of them.
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$OUT/gpu-tests.log"
 status=0
@@ -119,18 +136,8 @@ for step in $STEPS; do
         # NCU_SHAPES entry BS:B[:greedy|sampled], its sections and its hottest SASS lines.
         for shape in ${NCU_SHAPES:-64:255 1:63 64:255:sampled}; do
             IFS=: read -r bs budget acc <<< "$shape"
-            tag=$bs-$budget-${acc:-build}
-            rep=/tmp/ncu-$tag
-            limit ncu --clock-control none --profile-from-start off -f -o "$rep" \
-                --section SpeedOfLight --section Occupancy --section LaunchStats \
-                --section WarpStateStats --section MemoryWorkloadAnalysis \
-                --section ComputeWorkloadAnalysis --section InstructionStats \
-                --section SourceCounters python3 tests/gpu_build_one.py "$bs" "$budget" $acc \
-                >/tmp/ncu-run.log 2>&1 || { tail -20 /tmp/ncu-run.log; status=1; }
-            ncu --import "$rep.ncu-rep" >"$OUT/ncu-$tag.txt" 2>&1 || status=1
-            ncu --import "$rep.ncu-rep" --page source --csv --print-source sass \
-                >"$rep-sass.csv" 2>/dev/null || status=1
-            python3 tests/ncu_hot_lines.py "$rep-sass.csv" >>"$OUT/ncu-$tag.txt" 2>&1 || status=1
+            ncu_run "$bs-$budget-${acc:-build}" --profile-from-start off \
+                python3 tests/gpu_build_one.py "$bs" "$budget" $acc
         done
         (cd /tmp && tar -czf "$OUT/ncu-sass.tgz" ncu-*-sass.csv) || status=1
         grep -h "Duration\|^  [a-z_]*ddtree\|Memory Throughput\|Compute (SM) Throughput" \
@@ -141,19 +148,9 @@ for step in $STEPS; do
         # its sections and its hottest SASS lines.
         for shape in ${NCU_ATTN:-mla8:1:256:65536}; do
             IFS=: read -r fam bs n prefix <<< "$shape"
-            tag=attn-$fam-$bs-$n-$prefix
-            rep=/tmp/ncu-$tag
-            limit env ${AB_ATTENTION:+DDTREE_ATTENTION=$AB_ATTENTION} ncu --clock-control none \
-                -k regex:ddtree_attention_bf16_d -s 2 -c 1 -f -o "$rep" \
-                --section SpeedOfLight --section Occupancy --section LaunchStats \
-                --section WarpStateStats --section MemoryWorkloadAnalysis \
-                --section ComputeWorkloadAnalysis --section InstructionStats \
-                --section SourceCounters python3 tests/gpu_attention_one.py "$fam" "$bs" "$n" "$prefix" \
-                >/tmp/ncu-run.log 2>&1 || { tail -20 /tmp/ncu-run.log; status=1; }
-            ncu --import "$rep.ncu-rep" >"$OUT/ncu-$tag.txt" 2>&1 || status=1
-            ncu --import "$rep.ncu-rep" --page source --csv --print-source sass \
-                >"$rep-sass.csv" 2>/dev/null || status=1
-            python3 tests/ncu_hot_lines.py "$rep-sass.csv" >>"$OUT/ncu-$tag.txt" 2>&1 || status=1
+            NCU_ENV=${AB_ATTENTION:+DDTREE_ATTENTION=$AB_ATTENTION} ncu_run \
+                "attn-$fam-$bs-$n-$prefix" -k regex:ddtree_attention_bf16_d -s 2 -c 1 \
+                python3 tests/gpu_attention_one.py "$fam" "$bs" "$n" "$prefix"
         done
         (cd /tmp && tar -czf "$OUT/ncu-attn-sass.tgz" ncu-attn-*-sass.csv) || status=1
         grep -h "Duration\|Registers Per\|Achieved Occupancy\|Warp Cycles Per Issued" \
