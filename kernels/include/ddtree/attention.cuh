@@ -170,6 +170,19 @@ __device__ __forceinline__ long long staged_slot(const AttentionParams& p, const
   return (page << p.page_shift) | (t & ((1ll << p.page_shift) - 1));
 }
 
+// Where a block's keys come from, by kind ([0] the tree's rows of k_new / v_new, [1] the
+// pool), at its KV head g (V from value column col0), with each kind's row stride: written
+// once by the block's first thread and read per key thereafter, so that a tile's copies
+// find their source with two loads instead of recomputing these per tile (TileGather).
+template <typename T>
+struct KeySources {
+  const T* k[2];
+  const T* v[2];
+  long long ks[2];
+  long long vs[2];
+};
+static_assert(sizeof(KeySources<__half>) == 64, "KeySources: the 64 bytes the tiles reserve");
+
 // A block's tile: kWarps warps over the query rows (16 * MT each: MT m16 tiles a warp, which
 // share every K and V fragment the warp loads, so a tile's shared-memory reads serve MT
 // times the products), DVC value columns, KT keys per K/V tile, ST tiles in flight. (MLA's
@@ -183,18 +196,21 @@ struct AttnTile {
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kStages = ST;  // K/V tiles in flight: the next loads while this computes
   // Q, the stages' K and V rows, then each stage's staged page ids (KT 8-byte entries) and
-  // the block's KeySources (64 bytes).
+  // the block's KeySources.
   static constexpr size_t kSmem =
       sizeof(T) * (static_cast<size_t>(BM) * QS + kStages * KT * (QS + VS)) +
-      sizeof(long long) * kStages * KT + 64;
+      sizeof(long long) * kStages * KT + sizeof(KeySources<T>);
   static_assert(MT >= 1 && MT <= 2, "one or two m16 tiles a warp");
 };
 
 // 16 bytes global -> shared without a register round trip; zero-filled when !valid.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src),
+// (cp_async16_at: the same to a shared-space address already converted.)
+__device__ __forceinline__ void cp_async16_at(unsigned dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  cp_async16_at(static_cast<unsigned>(__cvta_generic_to_shared(dst)), src, valid);
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
 template <int N>
@@ -266,6 +282,12 @@ struct AttnBlock {
   int z, b, g, group, m_rows, col0, row0, dv_here;
   long long prefix, k_begin, k_end, start;
 };
+// w's request b and KV head g from z = b * Hkv + g (blockIdx.z).
+__device__ __forceinline__ void attn_request(const AttentionParams& p, int z, AttnBlock& w) {
+  w.z = z;
+  w.b = z / p.hkv;
+  w.g = z % p.hkv;
+}
 // The block's place in the call (from blockIdx and the shapes alone, nothing read): w's
 // request, KV head, rows and value columns. The merge may launch from here on: it only
 // starts once every block has passed this point (so it never holds an SM a block of this
@@ -273,9 +295,7 @@ struct AttnBlock {
 __device__ __forceinline__ void attn_place(const AttentionParams& p, int bm, int dvb,
                                            AttnBlock& w) {
   start_next_grid();
-  w.z = blockIdx.z;
-  w.b = w.z / p.hkv;
-  w.g = w.z % p.hkv;
+  attn_request(p, blockIdx.z, w);
   w.group = p.hq / p.hkv;
   w.m_rows = p.q_nodes * w.group;
   w.col0 = (blockIdx.x % p.dv_chunks) * dvb;
@@ -584,19 +604,6 @@ __device__ __forceinline__ void qk_tile(float (&s)[MT][NT][4], const T* qa, cons
       }
 }
 
-// Where a block's keys come from, by kind ([0] the tree's rows of k_new / v_new, [1] the
-// pool), at its KV head g (V from value column col0), with each kind's row stride: written
-// once by the block's first thread and read per key thereafter, so that a tile's copies
-// find their source with two loads instead of recomputing these per tile (TileGather).
-template <typename T>
-struct KeySources {
-  const T* k[2];
-  const T* v[2];
-  long long ks[2];
-  long long vs[2];
-};
-static_assert(sizeof(KeySources<__half>) == 64, "KeySources: the 64 bytes the tiles reserve");
-
 // A block's gather of its split's keys into ST stages of KT keys (K rows QS elements apart
 // in kbuf, V rows VS apart in vbuf; KC and VC 16-byte chunks of each), pipelined through
 // cp.async: `prologue` puts the first ST - 1 tiles in flight, `next` waits for the tile at
@@ -686,7 +693,7 @@ struct TileGather {
     const KeySources<T>& s = *sources();
     return s.v[r.in_prefix] + r.row * s.vs[r.in_prefix];
   }
-  // The block's KeySources: the 64 bytes after the stages' page ids.
+  // The block's KeySources: after the stages' page ids.
   __device__ __forceinline__ KeySources<T>* sources() const {
     return reinterpret_cast<KeySources<T>*>(ids + ST * KT);
   }
@@ -733,9 +740,7 @@ struct TileGather {
   }
   // Chunk i (< kChunks) of this thread's K row.
   __device__ __forceinline__ void issue_chunk(const RowChunks& c, int i) const {
-    const unsigned dst = c.dst + i * TPK * 16;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst),
-                 "l"(c.src + i * TPK * 8), "r"(i < c.n ? 16 : 0));
+    cp_async16_at(c.dst + i * TPK * 16, c.src + i * TPK * 8, i < c.n);
   }
   // The pool slot of this thread's key in the tile at kt (0 for a tree node or a key past
   // the split), read from the page table: the prologue's tiles, whose page ids were not

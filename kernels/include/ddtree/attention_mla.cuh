@@ -14,11 +14,12 @@
 //   which frees the registers that let the compiler load a k-step's K fragments before the
 //   previous k-step's products (with all 18 in registers it had one fragment buffer, and
 //   every k-step waited on its ldmatrix; session 27). Four k-steps there, with P moved into
-//   the pair slots to make room, measured 2-3 % slower. A K fragment serves two products. The two warps of a quarter then split its rows: each
-//   posts its partial S (fp32) for the lane's row its partner weighs and adds the partner's
-//   for its own (the lower warp the fragment's row gr, the upper gr + 8), runs the online
-//   softmax of that row and writes its P (bf16/fp16) and rescale factor to shared memory, so
-//   that the softmax between the products takes half the time it did on one warp of the two.
+//   the pair slots to make room, measured 2-3 % slower. A K fragment serves two products.
+//   The two warps of a quarter then split its rows: each posts its partial S (fp32) for
+//   the lane's row its partner weighs and adds the partner's for its own (the lower warp the
+//   fragment's row gr, the upper gr + 8), runs the online softmax of that row and writes its
+//   P (bf16/fp16) and rescale factor to shared memory, so that the softmax between the
+//   products takes half the time it did on one warp of the two.
 // * O += P V: warp w takes value columns 64w .. 64w + 63 of all 64 rows (4 x 8 m16n8
 //   accumulators): per 16 keys, four P fragments and four V fragments feed 32 products.
 // Per tile of 32 keys a warp loads 52 fragments for 136 products (the replaced tile: 52 for
@@ -60,7 +61,7 @@ struct PortableMlaTile {
   static constexpr size_t kQTail = 16 * QTAIL * 32 * kWarps;  // a uint4 a lane a k-step
   static constexpr size_t kP = sizeof(T) * BM * PS;
   static constexpr size_t kRows = sizeof(float) * 3 * BM + sizeof(int) * kWarps;
-  static constexpr size_t kIds = sizeof(long long) * ST * KT + 64;  // and KeySources
+  static constexpr size_t kIds = sizeof(long long) * ST * KT + sizeof(KeySources<T>);
   static constexpr size_t kSmem = kK + kSums + kQTail + kP + kRows + kIds;
   static_assert(kK % 16 == 0 && kSums % 16 == 0 && kP % 16 == 0 && kRows % 8 == 0,
                 "regions keep 16-byte (float4) and 8-byte (page id) alignment");
@@ -85,7 +86,7 @@ __device__ __forceinline__ void q_fragments(uint32_t (&qf)[KSTEPS][4], const T* 
 
 // S = Q K^T over KSTEPS k-steps for one m16 tile and NT n8 tiles of keys: the Q fragments of
 // the first KREG k-steps from registers (qf), of the rest from shared memory (qtail: this
-// lane's four registers of k-step KREG + i at qtail[32 * i], as q_tail_store left them), so
+// lane's four registers of k-step KREG + i at qtail[32 * i]), so
 // that the registers those hold are free for the next k-step's K fragments. kb is this lane's
 // ldmatrix address of the first key's first column, rows QS apart. at_step(j) runs before
 // k-step j's products (the next tile's copies, spread over them).
@@ -100,7 +101,7 @@ __device__ __forceinline__ void qk_tile_mla(float (&s)[NT][4], const uint32_t (&
     uint32_t a[4];
     if (j < KREG) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) a[e] = qf[j < KREG ? j : 0][e];
+      for (int e = 0; e < 4; ++e) a[e] = qf[j < KREG ? j : 0][e];  // (in range when unused)
     } else {
       const uint4 t = qtail[32 * (j - KREG)];
       a[0] = t.x;
@@ -246,7 +247,7 @@ __device__ void attention_mla_block(const AttentionParams& p, unsigned char* sme
   // the same lane only: no barrier).
   constexpr int KREG = Tile::KREG;
   uint32_t qf[KREG][4];
-  const uint4* qtail = qtail_all + warp * Tile::QTAIL * 32 + lane;
+  uint4* qtail = qtail_all + warp * Tile::QTAIL * 32 + lane;  // k-step KREG + i at [32 * i]
   {
     const int r = w.row0 + 16 * quarter + gr;
     uint32_t q_all[KSTEPS][4];
@@ -259,8 +260,8 @@ __device__ void attention_mla_block(const AttentionParams& p, unsigned char* sme
       for (int e = 0; e < 4; ++e) qf[j][e] = q_all[j][e];
 #pragma unroll
     for (int i = 0; i < Tile::QTAIL; ++i)
-      qtail_all[(warp * Tile::QTAIL + i) * 32 + lane] =
-          make_uint4(q_all[KREG + i][0], q_all[KREG + i][1], q_all[KREG + i][2], q_all[KREG + i][3]);
+      qtail[32 * i] = make_uint4(q_all[KREG + i][0], q_all[KREG + i][1], q_all[KREG + i][2],
+                                 q_all[KREG + i][3]);
   }
   // ldmatrix addresses of this lane: K (the warp's half of the head dim), V (the warp's
   // value columns of the same tile) and P.
@@ -367,9 +368,9 @@ __device__ void attention_mla_block(const AttentionParams& p, unsigned char* sme
   // The block's request and KV head again from %ctaid.z, read anew (a volatile read stays
   // here): kept across the loop instead, sm_120's build spilled it to local memory.
   AttnBlock at = w;
-  asm volatile("mov.u32 %0, %%ctaid.z;\n" : "=r"(at.z));
-  at.b = at.z / p.hkv;
-  at.g = at.z % p.hkv;
+  int z;
+  asm volatile("mov.u32 %0, %%ctaid.z;\n" : "=r"(z));
+  attn_request(p, z, at);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int* unused[2];
