@@ -140,14 +140,18 @@ __device__ __forceinline__ float score_row(const AttentionParams& p, float (&v)[
   } else {
     const int in_split = static_cast<int>(min(static_cast<long long>(KT), k_end - kt));
     const int first_tree = static_cast<int>(max(0ll, min(static_cast<long long>(KT), prefix - kt)));
-    const int node0 = static_cast<int>(kt - prefix);  // tree node of the tile's key 0
+    // Key n * 8 + e of the lane's (key 2 * gc + n * 8 + e of the tile) against bounds shifted
+    // by the lane's 2 * gc, so that the comparisons take immediates: with the lane's keys as
+    // operands, sm_120's build kept all eight in registers across the loop.
+    const int lim = in_split - 2 * gc, tree_from = first_tree - 2 * gc;
+    const int node0 = static_cast<int>(kt - prefix) + 2 * gc;  // tree node of the lane's key 0
 #pragma unroll
     for (int n = 0; n < NT; ++n)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const int key = n * 8 + gc * 2 + e;
-        bool ok = key < in_split;
-        if (ok && key >= first_tree) {
+        const int key = n * 8 + e;
+        bool ok = key < lim;
+        if (ok && key >= tree_from) {
           const int j = node0 + key;
           ok = (__ldg(bits + (j >> 5)) >> (j & 31)) & 1;
         }
