@@ -347,18 +347,14 @@ __device__ __forceinline__ void score_tile(const AttentionParams& p, float (&s)[
   } else {
     const int in_split = static_cast<int>(min(static_cast<long long>(KT), k_end - kt));
     const int first_tree = static_cast<int>(max(0ll, min(static_cast<long long>(KT), prefix - kt)));
-    // Key n * 8 + (e & 1) of the lane's against bounds shifted by its 2 * gc, so that the
-    // comparisons take immediates (with the lane's keys as operands, sm_120's builds kept
-    // them in registers across the loop).
-    const int lim = in_split - 2 * gc, tree_from = first_tree - 2 * gc;
-    const int node0 = static_cast<int>(kt - prefix) + 2 * gc;  // tree node of the lane's key 0
+    const int node0 = static_cast<int>(kt - prefix);  // tree node of the tile's key 0
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int h = e >> 1, key = n * 8 + (e & 1);
-        bool ok = key < lim;
-        if (ok && key >= tree_from) {
+        const int h = e >> 1, key = n * 8 + gc * 2 + (e & 1);
+        bool ok = key < in_split;
+        if (ok && key >= first_tree) {
           const int j = node0 + key;
           ok = (bits_of[h][j >> 5] >> (j & 31)) & 1;
         }
@@ -410,23 +406,20 @@ struct RowSoftmax {
   }
 
   // Rescales acc if the maximum moves, then writes the weights P (as 16-bit pairs, [n][row
-  // half]) and adds them to l: one subtraction and one exponential a weight.
+  // half]) and adds them to l.
   template <typename T, int NT, int VT>
   __device__ __forceinline__ void update(const float (&s)[NT][4], const float (&tile_max)[2],
                                          float (&acc)[VT][4], uint32_t (&pa)[NT][2]) {
     float scale[2];
     if (move_max(tile_max, scale)) rescale(acc, scale);
-    // A row with no key yet has m = -inf and scores all -inf: subtracting 0 gives weights 0
-    // (a select a row here, where one a weight cost a predicated subtraction and exponential
-    // and a zeroed register each).
-    const float base[2] = {m[0] == -INFINITY ? 0.0f : m[0], m[1] == -INFINITY ? 0.0f : m[1]};
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
       float e[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        e[i] = exp2_ftz(s[n][i] - base[i >> 1]);
-        l[i >> 1] += e[i];
+        const int h = i >> 1;
+        e[i] = m[h] == -INFINITY ? 0.0f : exp2_ftz(s[n][i] - m[h]);
+        l[h] += e[i];
       }
       pa[n][0] = MmaType<T>::pack(e[0], e[1]);
       pa[n][1] = MmaType<T>::pack(e[2], e[3]);
@@ -860,11 +853,10 @@ __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
   gather.prologue();
   // This thread's two rows of each of the warp's m16 tiles and their tree nodes (for the
   // ancestor bits).
-  // (Where the rows' results go is found again after the loop: kept across it, it held
-  // registers that sm_120's d128 build spilled.)
   const int* bits_of[MT][2];
+  RowsOut out[MT];
 #pragma unroll
-  for (int i = 0; i < MT; ++i) rows_out(p, w, warp * WM + i * 16 + gr, bits_of[i]);
+  for (int i = 0; i < MT; ++i) out[i] = rows_out(p, w, warp * WM + i * 16 + gr, bits_of[i]);
   // ldmatrix row addresses: lane l serves row l % 8 of matrix l / 8.
   const int mi = lane >> 3, mr = lane & 7;
   // m16 tile i: 16 * i rows further.
@@ -917,8 +909,7 @@ __device__ void attention_block(const AttentionParams& p, unsigned char* smem) {
 #pragma unroll
   for (int i = 0; i < MT; ++i) {
     sm[i].finish();
-    const int* unused[2];
-    write_rows<T>(p, rows_out(p, w, warp * WM + i * 16 + gr, unused), acc[i], sm[i], 0, gc);
+    write_rows<T>(p, out[i], acc[i], sm[i], 0, gc);
   }
 }
 

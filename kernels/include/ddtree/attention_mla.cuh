@@ -73,15 +73,26 @@ struct PortableMlaTile {
 // zeros for a missing row or past dqk.
 template <typename T, int KSTEPS>
 __device__ __forceinline__ void q_fragments(uint32_t (&qf)[KSTEPS][4], const T* row0,
-                                            const T* row8, int c0, int dqk) {
+                                            const T* row8, int c0, int dqk, uint32_t sign) {
 #pragma unroll
   for (int j = 0; j < KSTEPS; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const T* row = (e & 1) ? row8 : row0;
       const int c = c0 + j * 16 + (e >> 1) * 8;
-      qf[j][e] = row != nullptr && c < dqk ? *reinterpret_cast<const uint32_t*>(row + c) : 0u;
+      qf[j][e] = row != nullptr && c < dqk ? *reinterpret_cast<const uint32_t*>(row + c) ^ sign
+                                           : 0u;
     }
+}
+// The scale score_row's scores take, and the sign bits of a 16-bit pair that q_fragments
+// flips in Q for it: |sm_scale_log2| on Q negated when the scale is negative (exact in
+// bf16/fp16), so that the scale is never negative and the largest raw score is the largest
+// scaled one.
+__device__ __forceinline__ float folded_scale(const AttentionParams& p) {
+  return fabsf(p.sm_scale_log2);
+}
+__device__ __forceinline__ uint32_t q_sign(const AttentionParams& p) {
+  return p.sm_scale_log2 < 0.0f ? 0x80008000u : 0u;
 }
 
 // S = Q K^T over KSTEPS k-steps for one m16 tile and NT n8 tiles of keys: the Q fragments of
@@ -121,22 +132,25 @@ __device__ __forceinline__ void qk_tile_mla(float (&s)[NT][4], const uint32_t (&
 
 // score_tile for one row of the lane's two (the pair's warps split a quarter's rows, so that
 // each runs half the softmax): v[n][e] is key n * 8 + 2 * gc + e of the row whose tree node's
-// ancestor bits are `bits`. Scaled to base 2, masked to -inf, and the row's maximum over its
-// four lanes returned.
+// ancestor bits are `bits`. Returns the row's maximum over its four lanes in base 2, and in
+// `mul` what the weights multiply v by: a whole tile of prefix keys keeps its raw scores (the
+// scale, folded_scale's, goes into the weights' one FFMA each: a multiplication a score less),
+// a tile with masked keys is scaled here, its masked keys -inf (0 * -inf would be NaN), and
+// takes mul = 1.
 template <int NT>
 __device__ __forceinline__ float score_row(const AttentionParams& p, float (&v)[NT][2],
                                            long long kt, long long k_end, long long prefix,
-                                           const int* bits, int gc) {
+                                           const int* bits, int gc, float& mul) {
   constexpr int KT = NT * 8;
+  const float scale = folded_scale(p);
   float m = -INFINITY;
   if (kt + KT <= min(k_end, prefix)) {  // a whole tile of prefix keys: nothing masked
 #pragma unroll
     for (int n = 0; n < NT; ++n)
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        v[n][e] *= p.sm_scale_log2;
-        m = fmaxf(m, v[n][e]);
-      }
+      for (int e = 0; e < 2; ++e) m = fmaxf(m, v[n][e]);
+    mul = scale;
+    m *= scale;  // scale >= 0: the scaled maximum (-inf stays -inf)
   } else {
     const int in_split = static_cast<int>(min(static_cast<long long>(KT), k_end - kt));
     const int first_tree = static_cast<int>(max(0ll, min(static_cast<long long>(KT), prefix - kt)));
@@ -155,9 +169,10 @@ __device__ __forceinline__ float score_row(const AttentionParams& p, float (&v)[
           const int j = node0 + key;
           ok = (__ldg(bits + (j >> 5)) >> (j & 31)) & 1;
         }
-        v[n][e] = ok ? v[n][e] * p.sm_scale_log2 : -INFINITY;
+        v[n][e] = ok ? v[n][e] * scale : -INFINITY;
         m = fmaxf(m, v[n][e]);
       }
+    mul = 1.0f;
   }
   m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
   return fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
@@ -170,9 +185,11 @@ struct OneRowSoftmax {
   float l = 0.0f;
 
   // Moves the maximum if the warp's rows need it (true, with l scaled and `scale` the
-  // accumulators' factor), then turns v into the weights in place and adds them to l.
+  // accumulators' factor), then turns v (times mul: score_row's) into the weights in place
+  // and adds them to l.
   template <int NT>
-  __device__ __forceinline__ bool weigh(float (&v)[NT][2], float tile_max, float& scale) {
+  __device__ __forceinline__ bool weigh(float (&v)[NT][2], float mul, float tile_max,
+                                        float& scale) {
     const bool moves = __any_sync(0xffffffffu, tile_max > m + kLazyRescale);
     if (moves) {
       const float m_new = fmaxf(m, tile_max);
@@ -186,7 +203,7 @@ struct OneRowSoftmax {
     for (int n = 0; n < NT; ++n)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        v[n][e] = exp2_ftz(v[n][e] - base);
+        v[n][e] = exp2_ftz(fmaf(v[n][e], mul, -base));
         l += v[n][e];
       }
     return moves;
@@ -257,7 +274,7 @@ __device__ void attention_mla_block(const AttentionParams& p, unsigned char* sme
     uint32_t q_all[KSTEPS][4];
     q_fragments<T, KSTEPS>(q_all, query_row<T>(p, w.b, w.g, r, w.group, w.m_rows),
                            query_row<T>(p, w.b, w.g, r + 8, w.group, w.m_rows),
-                           upper * (Tile::D / 2) + 2 * gc, p.dqk);
+                           upper * (Tile::D / 2) + 2 * gc, p.dqk, q_sign(p));
 #pragma unroll
     for (int j = 0; j < KREG; ++j)
 #pragma unroll
@@ -321,26 +338,31 @@ __device__ void attention_mla_block(const AttentionParams& p, unsigned char* sme
       v[3][0] += o1.z;
       v[3][1] += o1.w;
     }
-    const float tile_max = score_row(p, v, kt, w.k_end, w.prefix, bits, gc);
+    float mul;
+    const float tile_max = score_row(p, v, kt, w.k_end, w.prefix, bits, gc, mul);
     float scale;
-    const bool moves = sm.weigh(v, tile_max, scale);
+    const bool moves = sm.weigh(v, mul, tile_max, scale);
     if (moves && gc == 0) row_scale[my_row] = scale;
     if (lane == 0) moved[warp] = moves;
     T* prow = pbuf + my_row * PS + 2 * gc;
 #pragma unroll
     for (int n = 0; n < NT; ++n)
       *reinterpret_cast<uint32_t*>(prow + n * 8) = Mma::pack(v[n][0], v[n][1]);
-    __syncthreads();  // P, the factors and the flags of every warp
+    // P, the factors and the flags of every warp; and whether any warp's rows moved (most
+    // tiles move none, and then skip reading the eight flags).
+    const bool any_moved = __syncthreads_or(moves);
 
     // O += P V over the tile's keys, after the rescale of the rows whose maximum moved (the
     // flags of the quarter's two warps, which the whole warp reads alike).
+    if (any_moved) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int lo = moved[i], hi = moved[i + 4];
-      if (lo | hi) {
-        const float f[2] = {lo ? row_scale[16 * i + gr] : 1.0f,
-                            hi ? row_scale[16 * i + gr + 8] : 1.0f};
-        RowSoftmax::rescale(acc[i], f);
+      for (int i = 0; i < 4; ++i) {
+        const int lo = moved[i], hi = moved[i + 4];
+        if (lo | hi) {
+          const float f[2] = {lo ? row_scale[16 * i + gr] : 1.0f,
+                              hi ? row_scale[16 * i + gr + 8] : 1.0f};
+          RowSoftmax::rescale(acc[i], f);
+        }
       }
     }
     const T* vb = ks + v_off;
