@@ -19,7 +19,9 @@
 //   the lane's row its partner weighs and adds the partner's for its own (the lower warp the
 //   fragment's row gr, the upper gr + 8), runs the online softmax of that row and writes its
 //   P (bf16/fp16) and rescale factor to shared memory, so that the softmax between the
-//   products takes half the time it did on one warp of the two.
+//   products takes half the time it did on one warp of the two. On a whole tile of prefix
+//   keys the scale goes into the weights' FFMA (score_row), and the barrier after P tells
+//   every warp whether any row's maximum moved (most tiles: none, no flag read).
 // * O += P V: warp w takes value columns 64w .. 64w + 63 of all 64 rows (4 x 8 m16n8
 //   accumulators): per 16 keys, four P fragments and four V fragments feed 32 products.
 // Per tile of 32 keys a warp loads 52 fragments for 136 products (the replaced tile: 52 for
