@@ -134,6 +134,12 @@ __device__ void attention_check(const AttentionParams& p, int b) {
   if (threadIdx.x == 0 && bad) p.status[b] = kStatusSlotOutOfRange;
 }
 
+// The low 32 bits of page-table entry i: the page, which the check bounded by the pool's
+// slots (< 2^32). One 32-bit load, so that nothing has to wait for it to widen the value.
+__device__ __forceinline__ uint32_t page_at(const AttentionParams& p, long long i) {
+  return static_cast<const uint32_t*>(p.kv_indices)[p.index64 ? 2 * i : i];
+}
+
 // The pool slot of prefix token t of request b (checked by attention_check).
 __device__ __forceinline__ long long prefix_slot(const AttentionParams& p, long long start,
                                                  long long t) {
@@ -712,24 +718,39 @@ struct TileGather {
   }
   // A tile's K rows issued chunk by chunk between other work (the MLA tile spreads them over
   // its products, so the copies neither queue up at once nor hold the registers the
-  // instructions after them need), their source found by staged_row. `n`: how many of the
-  // thread's chunks are real (0 past the split or with no tile to load); the rest are
-  // zero-filled.
+  // instructions after them need). `n`: how many of the thread's chunks are real (0 past
+  // the split or with no tile to load); the rest are zero-filled.
   struct RowChunks {
     unsigned dst;  // shared address of the thread's first chunk
     const T* src;  // global address of the same
     int n;
   };
   static constexpr int kChunks = KC / TPK;  // a thread's 16-byte chunks of a K row
-  // `next` without its wait (`wait_tile`, before) and its K copies: stages the page ids of
-  // the tile after the one it returns the chunks of (the tile ST - 1 ahead, into the stage
-  // computed last). Issue every chunk, then commit.
-  __device__ __forceinline__ RowChunks next_row(long long kt, int st) const {
-    static_assert(VC == 0, "K rows only");
-    long long ahead;
-    int fill;
-    const bool any = ahead_of(kt, st, ahead, fill);
-    const StagedRow r = staged_row(ahead, fill, any);
+  // The page of this thread's key of the tile at t0 (0 for a tree key or one past the
+  // split: nothing is loaded), loaded a tile before next_row forms the key's row from it,
+  // so that the load has long landed by then. Every warp loads its own keys' pages (where
+  // page ids staged in shared memory took warp 0 alone a page-table condition and a copy
+  // a tile, on the path every other warp then waited for at the barriers).
+  __device__ __forceinline__ uint32_t page_ahead(long long t0) const {
+    const long long t = t0 + my_key();
+    return t < min(w.k_end, w.prefix) ? page_at(p, w.start + (t >> p.page_shift)) : 0u;
+  }
+  // `next` without its wait (`wait_tile`, before) and its K copies, for the MLA tile: the
+  // chunks of this thread's key of the tile ST - 1 ahead of the tile at kt (stage st),
+  // whose page `page` holds (page_ahead a tile ago), which then takes the page of the
+  // thread's key of the tile after. Issue every chunk, then commit.
+  __device__ __forceinline__ RowChunks next_row(long long kt, int st, uint32_t& page) const {
+    static_assert(VC == 0 && ST == 2, "K rows only, one tile ahead");
+    const long long ahead = kt + KT;
+    const int fill = st ^ 1;
+    const long long t = ahead + my_key();
+    const bool in_prefix = t < w.prefix;
+    // A pool slot is under 2^32 (the launcher's check_pool), a tree node's row too.
+    const uint32_t slot =
+        (page << p.page_shift) | (static_cast<uint32_t>(t) & ((1u << p.page_shift) - 1));
+    const long long node = static_cast<long long>(w.b) * p.q_nodes + (t - w.prefix);
+    const StagedRow r{in_prefix ? static_cast<long long>(slot) : node, in_prefix, t < w.k_end};
+    page = page_ahead(ahead + KT);
     const T* k_new = static_cast<const T*>(p.k_new);
     const int col = my_part() * 8;
     // Chunk i covers columns col + 8 * TPK * i ..: real while below dqk (a multiple of 8).
@@ -760,14 +781,16 @@ struct TileGather {
                        threadIdx.x);
   }
   // The first ST - 1 tiles in flight (an empty commit group keeps the count uniform), their
-  // slots read from the page table here, once.
+  // slots read from the page table here, once. `staged`: whether later tiles find their page
+  // ids staged (`next`), else the caller loads them (page_ahead; the MLA tile).
+  template <bool kStaged = true>
   __device__ __forceinline__ void prologue() const {
     write_sources();
 #pragma unroll
     for (int i = 0; i < ST - 1; ++i) {
       const long long kt = w.k_begin + static_cast<long long>(i) * KT;
       if (kt < w.k_end) {
-        stage_ahead(kt, i);
+        if (kStaged) stage_ahead(kt, i);
         issue(kt, i, slot_of(kt));
       } else {
         cp_async_commit();

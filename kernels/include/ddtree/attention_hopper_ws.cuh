@@ -85,12 +85,6 @@ __device__ __forceinline__ uint32_t ld_shared_u32(const uint32_t* p) {
 constexpr uint32_t kRowTree = 0xFFFFFFFEu;  // a tree node's key: its rows are k_new's, v_new's
 constexpr uint32_t kRowNone = 0xFFFFFFFFu;  // past the split: zero-filled, never read
 
-// The low 32 bits of page-table entry i: the page, which the check bounded by the pool's
-// slots (< 2^32). One 32-bit load, so that nothing has to wait for it to widen the value.
-__device__ __forceinline__ uint32_t page_at(const AttentionParams& p, long long i) {
-  return static_cast<const uint32_t*>(p.kv_indices)[p.index64 ? 2 * i : i];
-}
-
 // A producer thread's key a tile (MLA: a round) ahead: its page is loaded early, and the
 // slot it posts is formed from it a tile later, once the load has long landed.
 struct NextKey {

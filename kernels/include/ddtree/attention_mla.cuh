@@ -254,7 +254,8 @@ __device__ void attention_mla_block(const AttentionParams& p, unsigned char* sme
 
   using Gather = TileGather<T, KT, ST, Tile::kThreads, QS, QS, Tile::D / 8, 0>;
   const Gather gather{p, w, kbuf, kbuf, ids};
-  gather.prologue();
+  gather.template prologue<false>();
+  uint32_t page = gather.page_ahead(w.k_begin + KT);  // of the thread's key a tile ahead
 
   // The quarter's rows: their Q fragments (this warp's half of the head dim); the ancestor
   // bits of the lane's row whose softmax this warp runs (the lower warp the fragment's row
@@ -303,7 +304,7 @@ __device__ void attention_mla_block(const AttentionParams& p, unsigned char* sme
   for (long long kt = w.k_begin; kt < w.k_end; kt += KT, st = st + 1 == ST ? 0 : st + 1) {
     gather.wait_tile();
     // The next tile's copies go out one chunk every other k-step of this tile's S.
-    const typename Gather::RowChunks copies = gather.next_row(kt, st);
+    const typename Gather::RowChunks copies = gather.next_row(kt, st, page);
     const T* ks = kbuf + st * KT * QS;
     float s[NT][4];
     static_assert(2 * Gather::kChunks == KSTEPS, "a chunk every other k-step, every chunk");
