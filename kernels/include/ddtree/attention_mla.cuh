@@ -31,9 +31,11 @@
 // held their address registers, which the instructions after them then waited for (Nsight
 // Compute put a quarter of the warps' stall samples there); spread, the tile is 1.02-1.21x
 // faster on the H200 (BENCHMARKS.md, session 22). Their addresses are found without a branch
-// from the staged page ids and the block's KeySources (TileGather::next_row): the setup
-// branched on the key's kind and recomputed the block's base pointers each tile, 130
-// instructions a warp a tile between the barrier and the first product (session 27).
+// from the block's KeySources (TileGather::next_row): the setup branched on the key's kind
+// and recomputed the block's base pointers each tile, 130 instructions a warp a tile
+// between the barrier and the first product (session 27). Each thread loads its key's page
+// a tile ahead into a register (page_ahead), where warp 0 staged the tile's page ids in
+// shared memory and the other warps waited for it at the barriers (session 28).
 #pragma once
 #include "attention.cuh"
 
@@ -57,7 +59,8 @@ struct PortableMlaTile {
   static constexpr int VCOLS = DV / kWarps; // value columns a warp (8 n8 tiles)
   // Shared memory: the K tiles; each warp's partial S for its partner's rows (two float4 a
   // lane); P; the rows' rescale factors, final maxima and sums (fp32) and each warp's
-  // "moved" flag; each stage's staged page ids and the block's KeySources.
+  // "moved" flag; the gather's page-id slots (unused here: the pages come by page_ahead)
+  // and the block's KeySources.
   static constexpr size_t kK = sizeof(T) * ST * KT * QS;
   static constexpr size_t kSums = sizeof(float) * 4 * kWarps * 2 * 32;
   static constexpr size_t kQTail = 16 * QTAIL * 32 * kWarps;  // a uint4 a lane a k-step
