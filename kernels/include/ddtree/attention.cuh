@@ -616,8 +616,9 @@ __device__ __forceinline__ void qk_tile(float (&s)[MT][NT][4], const T* qa, cons
 // kt (stage st) and refills the stage computed before it with the tile ST - 1 ahead. Each
 // key of a tile has kThreads / KT threads, which copy its rows in neighbouring 16-byte
 // chunks (coalesced); a tile's page ids are staged in shared memory (ids, KT a stage) a
-// tile before its rows are gathered, so no gather waits on a page-table read, and the
-// block's KeySources follow them (written once by `prologue`).
+// tile before its rows are gathered, so no gather waits on a page-table read (the MLA tile
+// loads each thread's page a tile ahead into a register instead: page_ahead, next_row),
+// and the block's KeySources follow them (written once by `prologue`).
 template <typename T, int KT, int ST, int kThreads, int QS, int VS, int KC, int VC>
 struct TileGather {
   static constexpr int TPK = kThreads / KT;
@@ -765,7 +766,7 @@ struct TileGather {
   }
   // The pool slot of this thread's key in the tile at kt (0 for a tree node or a key past
   // the split), read from the page table: the prologue's tiles, whose page ids were not
-  // staged (later tiles find theirs by staged_row).
+  // staged (later tiles find theirs by staged_row, or the MLA tile's by page_ahead).
   __device__ __forceinline__ long long slot_of(long long kt) const {
     const long long t = kt + my_key();
     if (t >= w.prefix || t >= w.k_end) return 0;
@@ -781,7 +782,7 @@ struct TileGather {
                        threadIdx.x);
   }
   // The first ST - 1 tiles in flight (an empty commit group keeps the count uniform), their
-  // slots read from the page table here, once. `staged`: whether later tiles find their page
+  // slots read from the page table here, once. kStaged: whether later tiles find their page
   // ids staged (`next`), else the caller loads them (page_ahead; the MLA tile).
   template <bool kStaged = true>
   __device__ __forceinline__ void prologue() const {

@@ -155,7 +155,7 @@ __device__ __forceinline__ float score_row(const AttentionParams& p, float (&v)[
 #pragma unroll
       for (int e = 0; e < 2; ++e) m = fmaxf(m, v[n][e]);
     mul = scale;
-    m *= scale;  // scale >= 0: the scaled maximum (-inf stays -inf)
+    m *= scale;  // scale >= 0: the scaled maximum (the scores are finite here)
   } else {
     const int in_split = static_cast<int>(min(static_cast<long long>(KT), k_end - kt));
     const int first_tree = static_cast<int>(max(0ll, min(static_cast<long long>(KT), prefix - kt)));
