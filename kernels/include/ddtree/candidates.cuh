@@ -29,6 +29,9 @@ constexpr int kMaxK = 1024;
 
 constexpr int kTieCap = 8192;  // tokens selected among in shared memory
 constexpr int kSmallBins = 256;
+// Runs pass 2 leaves for after its loop (sum_and_collect): at most this many a block, the
+// rest done in the loop.
+constexpr int kDeferCap = 2048;
 
 struct CandShared {
   union {
@@ -37,12 +40,14 @@ struct CandShared {
   };
   uint64_t cand[kMaxK];  // (key << 32) | (0xffffffff - id): larger = ranked earlier
   uint32_t small_hist[kSmallBins];
+  int deferred[kDeferCap];  // first token of each run pass 2 left for after its loop
   float fscratch[32];
   double dscratch[32];
   U128 uscratch[32];
   int iscratch[32];
   int count;      // candidates collected so far
   int tie_count;  // entries in ties
+  int defer_count;  // runs pass 2 left for after its loop (may exceed kDeferCap)
   int sel_bin;    // threshold bin of the current digit
   int sel_above;  // tokens in bins above it
   uint32_t kth_above;  // warp_crossing_digit's count: entries in digits above the chosen one
@@ -52,7 +57,7 @@ static_assert(offsetof(CandShared, ties) % 16 == 0 && offsetof(CandShared, cand)
               "rank_top reads its entries in 16-byte pairs");
 
 // Dynamic shared memory every candidates launch asks for (launch.rs: CANDIDATE_SMEM).
-constexpr int kCandSmem = 80 * 1024;
+constexpr int kCandSmem = 88 * 1024;
 static_assert(sizeof(CandShared) <= kCandSmem, "CandShared outgrew its launch size");
 
 __device__ __forceinline__ uint64_t composite(uint32_t key, int id) {
@@ -430,6 +435,13 @@ __device__ __forceinline__ void max_pass(const T* __restrict__ row, long long st
 // every token whose key is at least `floor_key` into s.ties (up to kTieCap; s.tie_count
 // counts them all). 16-bit runs are routed whole: a run far below the shift (fast grade)
 // sums as far terms, a run under the floor collects nothing.
+//
+// In the fast grade, the loop does only the common run: under the floor, far below the
+// shift, with exact differences (far_term16_exact). Any other run goes to a queue in
+// shared memory (s.deferred, up to kDeferCap, then in the loop) and is done after the loop.
+// Done in the loop, such a run kept the rest of its warp waiting: a quarter of the kernel's
+// instructions at bs = 64 ran with 1 to 5 of 32 lanes (Nsight Compute, BENCHMARKS session
+// 29). The sum is integers and the tokens are ranked after, so the order does not matter.
 template <typename T, typename Sum, typename Grade>
 __device__ __forceinline__ void sum_and_collect(const T* __restrict__ row, long long stride,
                                                 int V, float shift, Grade grade,
@@ -452,23 +464,50 @@ __device__ __forceinline__ void sum_and_collect(const T* __restrict__ row, long 
       using P = typename PairOf<T>::type;
       const T least = from_f32<T>(exact_from<kSignificand<T>>(shift));
       const P least2{least, least};
+      // Any run, whatever its route.
+      const auto any_run = [&](int id0, const uint4& v, float top) {
+        if (float_key(top) >= floor_key) {
+          float x[kRun<T>];
+          unpack_run<T>(v, x);
+#pragma unroll
+          for (int j = 0; j < kRun<T>; ++j) collect(id0 + j, x[j]);
+        }
+        if (kFastGrade<Grade> && !(top - shift > kNearBelowMax)) {
+          sum.template add_far<T>(v, shift, run_at_least<T>(v, least2));
+        } else {
+          sum.template add_run<T>(v, shift, grade);
+        }
+      };
+      constexpr bool kDefers = kFastGrade<Grade> && Sum::kSums;
       for_each_run_once(
           row, V,
           [&](int id0, const uint4& v) {
             const float top = run_max<T>(v);
-            if (float_key(top) >= floor_key) {
-              float x[kRun<T>];
-              unpack_run<T>(v, x);
-#pragma unroll
-              for (int j = 0; j < kRun<T>; ++j) collect(id0 + j, x[j]);
+            if constexpr (kDefers) {
+              if (float_key(top) < floor_key && !(top - shift > kNearBelowMax) &&
+                  run_at_least<T>(v, least2)) {
+                sum.template add_far<T>(v, shift, true);
+                return;
+              }
+              const int slot = atomicAdd(&s.defer_count, 1);
+              if (slot < kDeferCap) {
+                s.deferred[slot] = id0;
+                return;
+              }
             }
-            if (kFastGrade<Grade> && !(top - shift > kNearBelowMax)) {
-              sum.template add_far<T>(v, shift, run_at_least<T>(v, least2));
-            } else {
-              sum.template add_run<T>(v, shift, grade);
-            }
+            any_run(id0, v, top);
           },
           one);
+      if constexpr (kDefers) {
+        __syncthreads();  // every run queued
+        const int queued = min(s.defer_count, kDeferCap);
+        const uint4* vrow = reinterpret_cast<const uint4*>(row);
+        for (int j = threadIdx.x; j < queued; j += blockDim.x) {
+          const int id0 = s.deferred[j];
+          const uint4 v = __ldg(vrow + id0 / kRun<T>);
+          any_run(id0, v, run_max<T>(v));
+        }
+      }
       return;
     }
   }
@@ -490,7 +529,7 @@ template <typename T, typename Sum, typename Combine = OneBlock>
 __device__ int top_k_pass(const T* __restrict__ row, long long stride, int V, int K,
                           CandShared& s, float* max_out, Sum& sum,
                           Combine&& combine = Combine{}) {
-  if (threadIdx.x == 0) s.count = s.tie_count = 0;
+  if (threadIdx.x == 0) s.count = s.tie_count = s.defer_count = 0;
   int local_bad;
   float local_max;
   max_pass(row, stride, V, &local_max, &local_bad);

@@ -147,6 +147,7 @@ struct PackedMax {
 
 // A thread's share of a row's fixed-point sum (fixed_sum.cuh).
 struct TermSum {
+  static constexpr bool kSums = true;
   U128 total{0ull, 0ull};
 
   template <typename G>
@@ -188,6 +189,7 @@ struct TermSum {
 
 // No sum (a part's top-K pass: partials.cuh sums the parts once the row's maximum is known).
 struct NoSum {
+  static constexpr bool kSums = false;
   template <typename G>
   __device__ __forceinline__ void add(float, float, G) {}
   template <typename T, typename G>
