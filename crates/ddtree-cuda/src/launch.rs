@@ -39,11 +39,12 @@ pub struct Resident {
 /// H200: 228 KB of shared memory an SM; not sm_120's 100 KB). Two blocks on an SM are
 /// rarely in the same phase, so one's first pass (waiting on memory) runs beside the
 /// other's second (bound by its instructions). K must fit a half block: the pass-2 floor is
-/// the K-th largest of the threads' maxima. The output is the same either way.
+/// the K-th largest of the threads' maxima, two a thread. The output is the same either way.
 pub fn candidate_threads(shape: &BuildShape, resident: Resident) -> u32 {
     let rows = (shape.bs * shape.depth) as u64;
     let halves = resident.half > 0 && resident.half >= 2 * resident.whole;
-    if halves && shape.k <= CANDIDATE_HALF_THREADS as usize && rows > u64::from(resident.whole) {
+    let k_fits = shape.k <= 2 * CANDIDATE_HALF_THREADS as usize;
+    if halves && k_fits && rows > u64::from(resident.whole) {
         CANDIDATE_HALF_THREADS
     } else {
         CANDIDATE_THREADS
@@ -166,11 +167,11 @@ mod tests {
             k,
             ..shape(255, 255)
         };
-        // bs = 64 (960 rows) at K = 255 and 512: two half blocks an SM.
+        // bs = 64 (960 rows) at K = 255 and 1024: two half blocks an SM.
         assert_eq!(candidate_threads(&rows(64, 255), h200), 512);
-        assert_eq!(candidate_threads(&rows(64, 512), h200), 512);
-        // K above half a block: the floor needs K thread maxima.
-        assert_eq!(candidate_threads(&rows(64, 513), h200), 1024);
+        assert_eq!(candidate_threads(&rows(64, 1024), h200), 512);
+        // K above two maxima a thread of a half block.
+        assert_eq!(candidate_threads(&rows(64, 1025), h200), 1024);
         // bs = 8 (120 rows) fits one wave of whole blocks.
         assert_eq!(candidate_threads(&rows(8, 255), h200), 1024);
         assert_eq!(candidate_threads(&rows(9, 255), h200), 512);
