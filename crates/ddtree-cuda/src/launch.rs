@@ -24,6 +24,8 @@ pub const EMIT_THREADS: u32 = 256;
 
 /// Threads of a stage-1 block where two share an SM (`launch::candidate_threads`).
 pub const CANDIDATE_HALF_THREADS: u32 = CANDIDATE_THREADS / 2;
+/// The largest K stage 1 launches half blocks for (`launch::candidate_threads`).
+pub const CANDIDATE_HALF_MAX_K: usize = 256;
 
 /// Blocks of the one-block-a-row stage-1 kernel a GPU holds at once, at
 /// [`CANDIDATE_THREADS`] threads a block (`whole`) and at [`CANDIDATE_HALF_THREADS`]
@@ -38,12 +40,15 @@ pub struct Resident {
 /// more than one wave of whole blocks and the GPU holds twice as many half blocks (the
 /// H200: 228 KB of shared memory an SM; not sm_120's 100 KB). Two blocks on an SM are
 /// rarely in the same phase, so one's first pass (waiting on memory) runs beside the
-/// other's second (bound by its instructions). K must fit a half block: the pass-2 floor is
-/// the K-th largest of the threads' maxima, two a thread. The output is the same either way.
+/// other's second (bound by its instructions). K must be small beside a half block: pass
+/// 2's floor is the K-th largest of the threads' maxima (two a thread), and the lower it is
+/// the more tokens pass 2 keeps and ranks. Measured on the H200 at bs = 64 (BENCHMARKS
+/// session 29): half blocks 1.2x faster at K = 255, 2x slower at K = 1023; the cut at
+/// K = 256 is not measured between. The output is the same either way.
 pub fn candidate_threads(shape: &BuildShape, resident: Resident) -> u32 {
     let rows = (shape.bs * shape.depth) as u64;
     let halves = resident.half > 0 && resident.half >= 2 * resident.whole;
-    let k_fits = shape.k <= 2 * CANDIDATE_HALF_THREADS as usize;
+    let k_fits = shape.k <= CANDIDATE_HALF_MAX_K;
     if halves && k_fits && rows > u64::from(resident.whole) {
         CANDIDATE_HALF_THREADS
     } else {
@@ -167,11 +172,12 @@ mod tests {
             k,
             ..shape(255, 255)
         };
-        // bs = 64 (960 rows) at K = 255 and 1024: two half blocks an SM.
+        // bs = 64 (960 rows) at K = 255: two half blocks an SM.
         assert_eq!(candidate_threads(&rows(64, 255), h200), 512);
-        assert_eq!(candidate_threads(&rows(64, 1024), h200), 512);
-        // K above two maxima a thread of a half block.
-        assert_eq!(candidate_threads(&rows(64, 1025), h200), 1024);
+        assert_eq!(candidate_threads(&rows(64, 256), h200), 512);
+        // A larger K lowers a half block's floor: whole blocks.
+        assert_eq!(candidate_threads(&rows(64, 257), h200), 1024);
+        assert_eq!(candidate_threads(&rows(64, 1023), h200), 1024);
         // bs = 8 (120 rows) fits one wave of whole blocks.
         assert_eq!(candidate_threads(&rows(8, 255), h200), 1024);
         assert_eq!(candidate_threads(&rows(9, 255), h200), 512);
