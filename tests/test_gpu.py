@@ -173,6 +173,24 @@ def test_stage1_over_a_cluster_equals_one_block_a_row(chunk):
         assert_same_tree(clustered, tree_with_stages(x, roots, prefix, budget, topk, 7 | 16))
 
 
+@pytest.mark.parametrize("chunk", range(3))
+def test_stage1_over_pairs_equals_one_block_a_row(chunk):
+    """More rows than a wave of whole blocks (over 132 on the H200), K <= 256 and V >= 4096
+    take the paired stage-1 kernel (two half blocks a row, launch::pair_rows); bit for bit
+    the one-block kernel's tree, over 3 x 12 random batches: every kind, dtype, strided
+    views and NaN/+inf rows."""
+    rng = np.random.default_rng(7500 + chunk)
+    for case in range(12):
+        kind, _, _, topk, dtype = random_case(rng, case)
+        budget = int(rng.choice([1, 15, 63, 255]))
+        vocab = int(rng.choice([4096, 5000, 8200, 40000]))
+        shape = (int(rng.integers(10, 20)), 15, vocab)
+        x, roots, prefix = make_inputs(rng, kind, shape, dtype, case % 5 == 1, case % 7 == 0)
+        x, roots, prefix = x.to(DEV), roots.to(DEV), prefix.to(DEV)
+        paired = ddtree.build_tree(x, roots, prefix, budget=budget, topk=topk)
+        assert_same_tree(paired, tree_with_stages(x, roots, prefix, budget, topk, 7 | 16))
+
+
 @pytest.mark.parametrize("budget, topk, store", [(63, None, 8), (255, None, 8), (63, 8, 16)])
 def test_the_first_threshold_spares_the_raises(budget, topk, store):
     """On DFlash-like rows the selection starts from the greedy chain's departures: the
