@@ -36,28 +36,25 @@ DDTREE_CANDIDATES(ddtree_candidates_f32, float)
 DDTREE_CANDIDATES(ddtree_candidates_f16, __half)
 DDTREE_CANDIDATES(ddtree_candidates_bf16, __nv_bfloat16)
 
-// The same rows, each spread over a cluster of N blocks (candidates_cluster.cuh):
-// blockIdx.x / N is the row. kCandCluster blocks for small batches, kCandPair for large.
-#define DDTREE_CANDIDATES_CLUSTER(NAME, N, T)                                               \
-  extern "C" __global__ void __cluster_dims__(N, 1, 1)                                      \
+// The same rows, each spread over a cluster of kCandCluster blocks (candidates_cluster.cuh):
+// blockIdx.x / kCandCluster is the row.
+#define DDTREE_CANDIDATES_CLUSTER(NAME, T)                                                  \
+  extern "C" __global__ void __cluster_dims__(ddtree::kCandCluster, 1, 1)                  \
       __launch_bounds__(ddtree::kCandThreads) NAME(const __grid_constant__ ddtree::BuildParams p) { \
     extern __shared__ __align__(16) char smem[];                                            \
     __shared__ ddtree::ClusterSlot slot;                                                    \
     ddtree::CandShared& s = *reinterpret_cast<ddtree::CandShared*>(smem);                    \
-    const int row = blockIdx.x / (N);                                                       \
+    const int row = blockIdx.x / ddtree::kCandCluster;                                      \
     const T* r = ddtree::row_of<T>(p, row);                                                 \
     const long long at = static_cast<long long>(row) * p.K;                                 \
-    ddtree::candidates_cluster_row<N, T>(r, p.s2, p.V, p.K, p.out.topk_logprobs + at,      \
-                                         p.out.topk_ids + at, p.scratch.eligible + row,     \
-                                         p.scratch.bad + row, s, slot);                     \
+    ddtree::candidates_cluster_row<T>(r, p.s2, p.V, p.K, p.out.topk_logprobs + at,         \
+                                      p.out.topk_ids + at, p.scratch.eligible + row,        \
+                                      p.scratch.bad + row, s, slot);                        \
   }
 
-DDTREE_CANDIDATES_CLUSTER(ddtree_candidates_cluster_f32, ddtree::kCandCluster, float)
-DDTREE_CANDIDATES_CLUSTER(ddtree_candidates_cluster_f16, ddtree::kCandCluster, __half)
-DDTREE_CANDIDATES_CLUSTER(ddtree_candidates_cluster_bf16, ddtree::kCandCluster, __nv_bfloat16)
-DDTREE_CANDIDATES_CLUSTER(ddtree_candidates_pair_f32, ddtree::kCandPair, float)
-DDTREE_CANDIDATES_CLUSTER(ddtree_candidates_pair_f16, ddtree::kCandPair, __half)
-DDTREE_CANDIDATES_CLUSTER(ddtree_candidates_pair_bf16, ddtree::kCandPair, __nv_bfloat16)
+DDTREE_CANDIDATES_CLUSTER(ddtree_candidates_cluster_f32, float)
+DDTREE_CANDIDATES_CLUSTER(ddtree_candidates_cluster_f16, __half)
+DDTREE_CANDIDATES_CLUSTER(ddtree_candidates_cluster_bf16, __nv_bfloat16)
 
 namespace ddtree {
 

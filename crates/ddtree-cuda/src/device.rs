@@ -53,10 +53,9 @@ pub struct Device {
     /// Clusters of `candidates_cluster` (per dtype) the GPU runs at once: the rows whose
     /// clusters all fit in one wave (0 where none fits or the driver cannot tell).
     pub clusters: [u32; 3],
-    /// Stage 1 with each row over a pair of half blocks (f32, f16, bf16).
-    pub candidates_pair: [CUfunction; 3],
-    /// Blocks of `candidates` and of `candidates_pair` (per dtype) the GPU holds at once
-    /// (`launch::pair_rows` picks between them).
+    /// Blocks of `candidates` (per dtype) the GPU holds at once at
+    /// [`crate::launch::CANDIDATE_THREADS`] threads and at half that
+    /// (`launch::candidate_threads` picks between them).
     pub resident: [launch::Resident; 3],
     /// Stage 1 as partials (f32, f16, bf16 each): the parts, their sums, and the merge.
     pub partials: [CUfunction; 3],
@@ -176,11 +175,6 @@ impl Device {
             f(cand_module, "ddtree_candidates_cluster_f16")?,
             f(cand_module, "ddtree_candidates_cluster_bf16")?,
         ];
-        let cand_pair = [
-            f(cand_module, "ddtree_candidates_pair_f32")?,
-            f(cand_module, "ddtree_candidates_pair_f16")?,
-            f(cand_module, "ddtree_candidates_pair_bf16")?,
-        ];
         let partials = [
             f(cand_module, "ddtree_partials_f32")?,
             f(cand_module, "ddtree_partials_f16")?,
@@ -196,7 +190,6 @@ impl Device {
         for c in cand
             .into_iter()
             .chain(cand_cluster)
-            .chain(cand_pair)
             .chain(partials)
             .chain([merge_partials])
         {
@@ -244,8 +237,7 @@ impl Device {
             candidates: cand,
             candidates_cluster: cand_cluster,
             clusters: cand_cluster.map(max_active_clusters),
-            candidates_pair: cand_pair,
-            resident: std::array::from_fn(|i| resident_candidates(&ctx, cand[i], cand_pair[i])),
+            resident: cand.map(|c| resident_candidates(&ctx, c)),
             partials,
             partial_sums,
             merge_partials,
@@ -390,16 +382,16 @@ fn max_active_clusters(f: CUfunction) -> u32 {
     }
 }
 
-/// How many blocks of the one-block-a-row stage-1 kernel `whole` and of the paired one
-/// `pair` the GPU holds at once, by the driver's occupancy (0 where it cannot say: the
-/// launcher then keeps whole blocks).
-fn resident_candidates(ctx: &CudaContext, whole: CUfunction, pair: CUfunction) -> launch::Resident {
+/// How many blocks of the one-block-a-row stage-1 kernel `f` the GPU holds at once, at
+/// both block sizes, by the driver's occupancy (0 where it cannot say: the launcher then
+/// keeps whole blocks).
+fn resident_candidates(ctx: &CudaContext, f: CUfunction) -> launch::Resident {
     use crate::launch::{CANDIDATE_HALF_THREADS, CANDIDATE_SMEM, CANDIDATE_THREADS};
     let sms = ctx
         .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
         .unwrap_or(0)
         .max(0) as u32;
-    let at = |f: CUfunction, threads: u32| {
+    let at = |threads: u32| {
         // SAFETY: a loaded kernel of the current context.
         let per_sm = unsafe {
             result::occupancy::max_active_block_per_multiprocessor(
@@ -411,8 +403,8 @@ fn resident_candidates(ctx: &CudaContext, whole: CUfunction, pair: CUfunction) -
         sms * per_sm.unwrap_or(0).max(0) as u32
     };
     launch::Resident {
-        whole: at(whole, CANDIDATE_THREADS),
-        half: at(pair, CANDIDATE_HALF_THREADS),
+        whole: at(CANDIDATE_THREADS),
+        half: at(CANDIDATE_HALF_THREADS),
     }
 }
 

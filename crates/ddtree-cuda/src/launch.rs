@@ -22,41 +22,41 @@ pub const SELECT_STORE_CAP: usize = 4096;
 /// Threads per block of the emit and mask kernels.
 pub const EMIT_THREADS: u32 = 256;
 
-/// Threads of a block of the paired stage-1 kernel (two an SM: `launch::pair_rows`).
+/// Threads of a stage-1 block where two share an SM (`launch::candidate_threads`).
 pub const CANDIDATE_HALF_THREADS: u32 = CANDIDATE_THREADS / 2;
-/// Blocks a row of the paired stage-1 kernel (`kCandPair`).
-pub const CANDIDATE_PAIR: u32 = 2;
-/// The largest K stage 1 pairs half blocks for (`launch::pair_rows`).
-pub const CANDIDATE_PAIR_MAX_K: usize = 256;
+/// The largest K stage 1 launches half blocks for (`launch::candidate_threads`).
+pub const CANDIDATE_HALF_MAX_K: usize = 256;
 
-/// Blocks of stage 1 a GPU holds at once, by the driver's occupancy: the one-block-a-row
-/// kernel at [`CANDIDATE_THREADS`] threads (`whole`), the paired kernel at
-/// [`CANDIDATE_HALF_THREADS`] (`half`).
+/// Blocks of the one-block-a-row stage-1 kernel a GPU holds at once, at
+/// [`CANDIDATE_THREADS`] threads a block (`whole`) and at [`CANDIDATE_HALF_THREADS`]
+/// (`half`), by the driver's occupancy.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Resident {
     pub whole: u32,
     pub half: u32,
 }
 
-/// Whether stage 1 spreads each row over a pair of half blocks (a cluster of
-/// [`CANDIDATE_PAIR`], [`CANDIDATE_HALF_THREADS`] threads each): where the rows fill more
-/// than one wave of whole blocks and the GPU holds twice as many half blocks (the H200:
-/// 228 KB of shared memory an SM; not sm_120's 100 KB). Two blocks on an SM are rarely in
-/// the same phase, so one's first pass (waiting on memory) runs beside the other's second
-/// (bound by its instructions), and pairing keeps as many rows open at once as whole
-/// blocks do, so that second passes still read their rows from L2 (half blocks of one row
-/// each missed it: BENCHMARKS session 29). K must be small beside a half block: pass 2's
-/// floor is the K-th largest of its threads' maxima (two a thread), and the lower it is the
-/// more tokens pass 2 keeps and ranks (half blocks of one row each, H200, bs = 64: 1.2x
-/// faster at K = 255, 2x slower at K = 1023; the cut at 256 is not measured between). The
-/// output is the same either way.
-pub fn pair_rows(shape: &BuildShape, resident: Resident) -> bool {
+/// Threads a block of the one-block-a-row stage-1 kernel: half blocks where the rows fill
+/// more than one wave of whole blocks and the GPU holds twice as many half blocks (the
+/// H200: 228 KB of shared memory an SM; not sm_120's 100 KB). Two blocks on an SM are
+/// rarely in the same phase, so one's first pass (waiting on memory) runs beside the
+/// other's second (bound by its instructions). K must be small beside a half block: pass
+/// 2's floor is the K-th largest of the threads' maxima (two a thread), and the lower it is
+/// the more tokens pass 2 keeps and ranks. Measured on the H200 at bs = 64 (BENCHMARKS
+/// session 29): half blocks 1.2x faster at K = 255, 2x slower at K = 1023; the cut at
+/// K = 256 is not measured between. Spreading each row over a pair of half blocks (a
+/// cluster of two, so that as few rows are open at once as with whole blocks and second
+/// passes hit L2) measured slower than one row a half block (234 µs against 207 at bs = 64,
+/// K = 63; branch `wip/stage1-pairs`). The output is the same either way.
+pub fn candidate_threads(shape: &BuildShape, resident: Resident) -> u32 {
     let rows = (shape.bs * shape.depth) as u64;
     let halves = resident.half > 0 && resident.half >= 2 * resident.whole;
-    halves
-        && shape.k <= CANDIDATE_PAIR_MAX_K
-        && shape.vocab >= CLUSTER_MIN_VOCAB
-        && rows > u64::from(resident.whole)
+    let k_fits = shape.k <= CANDIDATE_HALF_MAX_K;
+    if halves && k_fits && rows > u64::from(resident.whole) {
+        CANDIDATE_HALF_THREADS
+    } else {
+        CANDIDATE_THREADS
+    }
 }
 
 /// Blocks a row of the clustered stage-1 kernel (`kCandCluster`).
@@ -165,7 +165,7 @@ mod tests {
     }
 
     #[test]
-    fn pairs_only_past_one_wave_where_two_fit_an_sm_and_k_is_small() {
+    fn half_blocks_only_past_one_wave_where_two_fit_an_sm_and_k_fits_one() {
         let h200 = Resident {
             whole: 132,
             half: 264,
@@ -175,28 +175,23 @@ mod tests {
             k,
             ..shape(255, 255)
         };
-        // bs = 64 (960 rows) at K = 255: pairs of half blocks.
-        assert!(pair_rows(&rows(64, 255), h200));
-        assert!(pair_rows(&rows(64, CANDIDATE_PAIR_MAX_K), h200));
+        // bs = 64 (960 rows) at K = 255: two half blocks an SM.
+        assert_eq!(candidate_threads(&rows(64, 255), h200), 512);
+        assert_eq!(candidate_threads(&rows(64, 256), h200), 512);
         // A larger K lowers a half block's floor: whole blocks.
-        assert!(!pair_rows(&rows(64, CANDIDATE_PAIR_MAX_K + 1), h200));
+        assert_eq!(candidate_threads(&rows(64, 257), h200), 1024);
+        assert_eq!(candidate_threads(&rows(64, 1023), h200), 1024);
         // bs = 8 (120 rows) fits one wave of whole blocks.
-        assert!(!pair_rows(&rows(8, 255), h200));
-        assert!(pair_rows(&rows(9, 255), h200));
-        // Rows too short to give both blocks a chunk.
-        let short = BuildShape {
-            vocab: CLUSTER_MIN_VOCAB - 1,
-            ..rows(64, 255)
-        };
-        assert!(!pair_rows(&short, h200));
+        assert_eq!(candidate_threads(&rows(8, 255), h200), 1024);
+        assert_eq!(candidate_threads(&rows(9, 255), h200), 512);
         // sm_120 (100 KB an SM): one block an SM either way.
         let sm120 = Resident {
             whole: 188,
             half: 188,
         };
-        assert!(!pair_rows(&rows(64, 255), sm120));
+        assert_eq!(candidate_threads(&rows(64, 255), sm120), 1024);
         // The driver could not say.
-        assert!(!pair_rows(&rows(64, 255), Resident::default()));
+        assert_eq!(candidate_threads(&rows(64, 255), Resident::default()), 1024);
     }
 
     #[test]
@@ -226,7 +221,6 @@ mod tests {
         // row would leave a block without a chunk.
         let header = include_str!("../../../kernels/include/ddtree/candidates_cluster.cuh");
         assert!(header.contains(&format!("kCandCluster = {CANDIDATE_CLUSTER};")));
-        assert!(header.contains(&format!("kCandPair = {CANDIDATE_PAIR};")));
         assert!(header.contains(&format!("kClusterMinVocab = {CLUSTER_MIN_VOCAB};")));
     }
 

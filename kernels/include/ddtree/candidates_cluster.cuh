@@ -1,10 +1,7 @@
-// SPEC stage 1 with a row spread over a cluster of kN blocks: kCandCluster for batches too
-// small to fill the GPU with one block a row (bs = 1: 15 rows for 132 SMs), kCandPair for
-// large ones (two half blocks an SM, so that one's first pass, waiting on memory, runs
-// beside another's second, bound by its instructions, while no more rows are open at once
-// than with one whole block an SM: their second reads still find them in L2). Block `rank`
-// reads its 1/kN of the row; the blocks exchange through distributed shared memory, in one
-// launch:
+// SPEC stage 1 with a row spread over a cluster of kCandCluster blocks: for batches too
+// small to fill the GPU with one block a row (bs = 1: 15 rows for 132 SMs). Block `rank`
+// reads its 1/kCandCluster of the row; the blocks exchange through distributed shared
+// memory, in one launch:
 //   1. each block's maximum and NaN/+inf flag, combined: the row's (top_k_pass's
 //      `combine`), so every block sums against the row's maximum in the row's grade;
 //   2. each block's top K of its chunk (global ids) and fixed-point sum;
@@ -22,7 +19,6 @@ namespace ddtree {
 namespace cg = cooperative_groups;
 
 constexpr int kCandCluster = 8;  // the portable cluster size (sm_90 and sm_120)
-constexpr int kCandPair = 2;     // the pair's
 
 // What a block publishes to its cluster (static shared memory).
 struct ClusterSlot {
@@ -36,7 +32,6 @@ struct ClusterSlot {
 
 // top_k_pass's `combine`: the row's maximum and flag from every block's. Two cluster
 // barriers: the second keeps each slot alive until every block has read it.
-template <int kN>
 struct RowOverCluster {
   ClusterSlot& slot;
 
@@ -50,7 +45,7 @@ struct RowOverCluster {
     if (threadIdx.x < kWarp) {
       float rm = -INFINITY;
       int rb = 0;
-      if (threadIdx.x < kN) {
+      if (threadIdx.x < kCandCluster) {
         const ClusterSlot* other = cluster.map_shared_rank(&slot, threadIdx.x);
         rm = other->max;
         rb = other->bad;
@@ -76,22 +71,20 @@ struct RowOverCluster {
 // token.
 constexpr int kClusterMinVocab = 4096;
 
-template <int kN>
 __device__ __forceinline__ int2 cluster_chunk(int V, int rank) {
-  const long long per = (static_cast<long long>(V) + kN - 1) / kN;
+  const long long per = (static_cast<long long>(V) + kCandCluster - 1) / kCandCluster;
   const int chunk = static_cast<int>((per + 15) / 16 * 16);  // 64-bit: V may be near 2^31
   const int first = rank * chunk;
   return {first, max(0, min(chunk, V - first))};
 }
 
-// Block 0: every block's sorted list into s.ties (list r from at[r], at[kN] the total;
-// thread 0 writes `at`, the caller's barrier publishes it) and the sum of their sums.
-template <int kN>
+// Block 0: every block's sorted list into s.ties (list r from at[r], at[kCandCluster] the
+// total; thread 0 writes `at`, the caller's barrier publishes it) and the sum of their sums.
 __device__ U128 gather_lists(ClusterSlot& slot, CandShared& s, int* at) {
   cg::cluster_group cluster = cg::this_cluster();
   U128 sum{0ull, 0ull};
   int from = 0;
-  for (int r = 0; r < kN; ++r) {
+  for (int r = 0; r < kCandCluster; ++r) {
     const ClusterSlot* other = cluster.map_shared_rank(&slot, r);
     const uint64_t* list = cluster.map_shared_rank(s.cand, r);
     const int k = other->k;
@@ -100,7 +93,7 @@ __device__ U128 gather_lists(ClusterSlot& slot, CandShared& s, int* at) {
     from += k;
     sum = add128(sum, other->sum);
   }
-  if (threadIdx.x == 0) at[kN] = from;
+  if (threadIdx.x == 0) at[kCandCluster] = from;
   return sum;
 }
 
@@ -118,23 +111,22 @@ __device__ __forceinline__ int count_above(const uint64_t* list, int lo, int hi,
 // The row's top K, in rank order, into s.cand: an entry's rank is its place in its own
 // list plus the entries of the other lists above it (the keys are distinct), found by
 // binary search; one step, no select passes.
-template <int kN>
 __device__ void merge_lists(CandShared& s, const int* at, int K) {
-  for (int e = threadIdx.x; e < at[kN]; e += blockDim.x) {
+  for (int e = threadIdx.x; e < at[kCandCluster]; e += blockDim.x) {
     int r = 0;
     while (at[r + 1] <= e) ++r;
     const uint64_t c = s.ties[e];
     int rank = e - at[r];
-    for (int o = 0; o < kN && rank < K; ++o) {
+    for (int o = 0; o < kCandCluster && rank < K; ++o) {
       if (o != r) rank += count_above(s.ties, at[o], at[o + 1], c);
     }
     if (rank < K) s.cand[rank] = c;
   }
 }
 
-// Row outputs as candidates_row writes them, from the cluster's kN blocks; `row` is the
+// Row outputs as candidates_row writes them, from the cluster's blocks; `row` is the
 // whole row, every block of the cluster calls this.
-template <int kN, typename T>
+template <typename T>
 __device__ void candidates_cluster_row(const T* __restrict__ row, long long stride, int V,
                                        int K, float* __restrict__ lp,
                                        long long* __restrict__ ti, int* __restrict__ eligible,
@@ -142,12 +134,12 @@ __device__ void candidates_cluster_row(const T* __restrict__ row, long long stri
                                        ClusterSlot& slot) {
   cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank());
-  const int2 part = cluster_chunk<kN>(V, rank);
+  const int2 part = cluster_chunk(V, rank);
   const int k = min(K, part.y);
   TermSum terms;
   float m;
   const T* chunk = row + static_cast<long long>(part.x) * stride;
-  if (top_k_pass(chunk, stride, part.y, k, s, &m, terms, RowOverCluster<kN>{slot})) {
+  if (top_k_pass(chunk, stride, part.y, k, s, &m, terms, RowOverCluster{slot})) {
     if (rank == 0) write_rejected(K, lp, ti, eligible, bad);
     return;  // the flag is the row's: every block returns here
   }
@@ -160,12 +152,12 @@ __device__ void candidates_cluster_row(const T* __restrict__ row, long long stri
     slot.k = k;
   }
   cluster.sync();
-  __shared__ int at[kN + 1];
+  __shared__ int at[kCandCluster + 1];
   U128 total{0ull, 0ull};
-  if (rank == 0) total = gather_lists<kN>(slot, s, at);
+  if (rank == 0) total = gather_lists(slot, s, at);
   cluster.sync();  // no block leaves while block 0 may read its shared memory
   if (rank != 0) return;
-  merge_lists<kN>(s, at, K);  // every chunk's list holds its share of the top K
+  merge_lists(s, at, K);  // every chunk's list holds its share of the top K
   __syncthreads();
   const float z = (m == -INFINITY) ? -INFINITY : fixed_normaliser(m, total);
   write_sorted(row, stride, K, z, s.cand, lp, ti, eligible, bad, s);
