@@ -44,7 +44,7 @@ def main() -> None:
         for shape, budget in (((2, 2, 20000), 255), ((2, 15, 2), 1023), ((1, 4, 1000), 1023)):
             x = torch.zeros(shape, device=dev, dtype=dtype)
             ddtree.build_tree(x, z[: shape[0]], z[: shape[0]], budget=budget)
-        # More rows than a wave, in the fast grade (maxima >= 8): the paired stage-1 kernel,
+        # More rows than a wave, in the fast grade (maxima >= 8): stage 1 in half blocks,
         # its queued runs, and (all-equal rows) the queue's overflow.
         z = torch.zeros(10, dtype=torch.int64, device=dev)
         x = torch.randn(10, 15, 5000, device=dev, generator=g).mul(2.0).add(12.0).to(dtype)
