@@ -175,6 +175,13 @@ for step in $STEPS; do
         # installed again for the steps after.
         ab_runs build python3 -m ddtree.bench_gpu ${BENCH_ARGS:-}
         tail -n 12 "$OUT/build-A.txt" "$OUT/build-B.txt"
+        # Stage 1's outputs bit for bit: the same digests from both builds, every pass.
+        ab_runs digest python3 tests/gpu_stage1_digest.py
+        if diff <(sort -u "$OUT/digest-A.txt") <(sort -u "$OUT/digest-B.txt"); then
+            echo "stage 1 digests: A == B ($(sort -u "$OUT/digest-A.txt" | wc -l) lines)"
+        else
+            echo "stage 1 digests DIFFER"; status=1
+        fi
         install_wheel "${WHEELS:-wheels}" || status=1 ;;
     sampling)
         # Sampled accept against greedy (tests/gpu_sampling_bench.py, SAMPLING_ARGS): draws by

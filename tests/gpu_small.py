@@ -44,6 +44,13 @@ def main() -> None:
         for shape, budget in (((2, 2, 20000), 255), ((2, 15, 2), 1023), ((1, 4, 1000), 1023)):
             x = torch.zeros(shape, device=dev, dtype=dtype)
             ddtree.build_tree(x, z[: shape[0]], z[: shape[0]], budget=budget)
+        # More rows than a wave, in the fast grade (maxima >= 8): stage 1 in half blocks,
+        # its queued runs, and (all-equal rows) the queue's overflow.
+        z = torch.zeros(10, dtype=torch.int64, device=dev)
+        x = torch.randn(10, 15, 5000, device=dev, generator=g).mul(2.0).add(12.0).to(dtype)
+        ddtree.build_tree(x, z, z, budget=63)
+        flat = torch.full((10, 15, 40000), 12.0, device=dev, dtype=dtype)
+        ddtree.build_tree(flat, z, z, budget=15)
     # A Stepper round with its readback kernel into mapped pinned memory.
     stepper = ddtree.Stepper(max_batch=3, budget=63, depth=4, vocab=1000, device=dev)
     x = torch.randn(3, 4, 1000, device=dev, generator=g)

@@ -173,6 +173,26 @@ def test_stage1_over_a_cluster_equals_one_block_a_row(chunk):
         assert_same_tree(clustered, tree_with_stages(x, roots, prefix, budget, topk, 7 | 16))
 
 
+@pytest.mark.parametrize("chunk", range(3))
+def test_stage1_in_half_blocks_equals_whole_blocks(chunk):
+    """More rows than a wave of whole blocks (over 132 on the H200) with K <= 256 take half
+    blocks (512 threads, two an SM: launch::candidate_threads); bit for bit the whole
+    blocks' tree, over 3 x 12 random batches: every kind, dtype, strided views and
+    NaN/+inf rows, in both normaliser grades."""
+    rng = np.random.default_rng(7500 + chunk)
+    for case in range(12):
+        kind, _, _, topk, dtype = random_case(rng, case)
+        budget = int(rng.choice([1, 15, 63, 255]))
+        vocab = int(rng.choice([300, 4096, 5000, 40000]))
+        shape = (int(rng.integers(10, 20)), 15, vocab)
+        x, roots, prefix = make_inputs(rng, kind, shape, dtype, case % 5 == 1, case % 7 == 0)
+        if case % 2:
+            x = x * 2 + 12  # maxima >= 8: the fast grade, its loop and its queued runs
+        x, roots, prefix = x.to(DEV), roots.to(DEV), prefix.to(DEV)
+        halves = ddtree.build_tree(x, roots, prefix, budget=budget, topk=topk)
+        assert_same_tree(halves, tree_with_stages(x, roots, prefix, budget, topk, 7 | 16))
+
+
 @pytest.mark.parametrize("budget, topk, store", [(63, None, 8), (255, None, 8), (63, 8, 16)])
 def test_the_first_threshold_spares_the_raises(budget, topk, store):
     """On DFlash-like rows the selection starts from the greedy chain's departures: the

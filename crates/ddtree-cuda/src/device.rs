@@ -5,6 +5,7 @@
 
 use crate::fatbin;
 use crate::kernels;
+use crate::launch;
 use crate::CudaError;
 use cudarc::driver::result;
 use cudarc::driver::sys::{self, CUfunction, CUmodule};
@@ -52,6 +53,10 @@ pub struct Device {
     /// Clusters of `candidates_cluster` (per dtype) the GPU runs at once: the rows whose
     /// clusters all fit in one wave (0 where none fits or the driver cannot tell).
     pub clusters: [u32; 3],
+    /// Blocks of `candidates` (per dtype) the GPU holds at once at
+    /// [`crate::launch::CANDIDATE_THREADS`] threads and at half that
+    /// (`launch::candidate_threads` picks between them).
+    pub resident: [launch::Resident; 3],
     /// Stage 1 as partials (f32, f16, bf16 each): the parts, their sums, and the merge.
     pub partials: [CUfunction; 3],
     pub partial_sums: [CUfunction; 3],
@@ -232,6 +237,7 @@ impl Device {
             candidates: cand,
             candidates_cluster: cand_cluster,
             clusters: cand_cluster.map(max_active_clusters),
+            resident: cand.map(|c| resident_candidates(&ctx, c)),
             partials,
             partial_sums,
             merge_partials,
@@ -373,6 +379,32 @@ fn max_active_clusters(f: CUfunction) -> u32 {
     match unsafe { sys::cuOccupancyMaxActiveClusters(&mut clusters, f, &config) }.result() {
         Ok(()) => clusters.max(0) as u32,
         Err(_) => 0,
+    }
+}
+
+/// How many blocks of the one-block-a-row stage-1 kernel `f` the GPU holds at once, at
+/// both block sizes, by the driver's occupancy (0 where it cannot say: the launcher then
+/// keeps whole blocks).
+fn resident_candidates(ctx: &CudaContext, f: CUfunction) -> launch::Resident {
+    use crate::launch::{CANDIDATE_HALF_THREADS, CANDIDATE_SMEM, CANDIDATE_THREADS};
+    let sms = ctx
+        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .unwrap_or(0)
+        .max(0) as u32;
+    let at = |threads: u32| {
+        // SAFETY: a loaded kernel of the current context.
+        let per_sm = unsafe {
+            result::occupancy::max_active_block_per_multiprocessor(
+                f,
+                threads as i32,
+                CANDIDATE_SMEM,
+            )
+        };
+        sms * per_sm.unwrap_or(0).max(0) as u32
+    };
+    launch::Resident {
+        whole: at(CANDIDATE_THREADS),
+        half: at(CANDIDATE_HALF_THREADS),
     }
 }
 

@@ -6,7 +6,7 @@ use crate::CudaError;
 pub const CANDIDATE_THREADS: u32 = 1024;
 /// Dynamic shared memory of the candidates kernel (`kCandSmem`, checked there by a
 /// static_assert against the size of its shared state).
-pub const CANDIDATE_SMEM: usize = 80 * 1024;
+pub const CANDIDATE_SMEM: usize = 88 * 1024;
 /// Largest K the candidates kernel sorts in shared memory (`kMaxK`).
 pub const MAX_K: usize = 1024;
 /// Largest budget the selection kernel supports (`kMaxBudget`).
@@ -21,6 +21,43 @@ pub const SELECT_THREADS: u32 = 512;
 pub const SELECT_STORE_CAP: usize = 4096;
 /// Threads per block of the emit and mask kernels.
 pub const EMIT_THREADS: u32 = 256;
+
+/// Threads of a stage-1 block where two share an SM (`launch::candidate_threads`).
+pub const CANDIDATE_HALF_THREADS: u32 = CANDIDATE_THREADS / 2;
+/// The largest K stage 1 launches half blocks for (`launch::candidate_threads`).
+pub const CANDIDATE_HALF_MAX_K: usize = 256;
+
+/// Blocks of the one-block-a-row stage-1 kernel a GPU holds at once, at
+/// [`CANDIDATE_THREADS`] threads a block (`whole`) and at [`CANDIDATE_HALF_THREADS`]
+/// (`half`), by the driver's occupancy.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Resident {
+    pub whole: u32,
+    pub half: u32,
+}
+
+/// Threads a block of the one-block-a-row stage-1 kernel: half blocks where the rows fill
+/// more than one wave of whole blocks and the GPU holds twice as many half blocks (the
+/// H200: 228 KB of shared memory an SM; not sm_120's 100 KB). Two blocks on an SM are
+/// rarely in the same phase, so one's first pass (waiting on memory) runs beside the
+/// other's second (bound by its instructions). K must be small beside a half block: pass
+/// 2's floor is the K-th largest of the threads' maxima (two a thread), and the lower it is
+/// the more tokens pass 2 keeps and ranks. Measured on the H200 at bs = 64 (BENCHMARKS
+/// session 29): half blocks 1.2x faster at K = 255, 2x slower at K = 1023; the cut at
+/// K = 256 is not measured between. Spreading each row over a pair of half blocks (a
+/// cluster of two, so that as few rows are open at once as with whole blocks and second
+/// passes hit L2) measured slower than one row a half block (234 µs against 207 at bs = 64,
+/// K = 63; branch `wip/stage1-pairs`). The output is the same either way.
+pub fn candidate_threads(shape: &BuildShape, resident: Resident) -> u32 {
+    let rows = (shape.bs * shape.depth) as u64;
+    let halves = resident.half > 0 && resident.half >= 2 * resident.whole;
+    let k_fits = shape.k <= CANDIDATE_HALF_MAX_K;
+    if halves && k_fits && rows > u64::from(resident.whole) {
+        CANDIDATE_HALF_THREADS
+    } else {
+        CANDIDATE_THREADS
+    }
+}
 
 /// Blocks a row of the clustered stage-1 kernel (`kCandCluster`).
 pub const CANDIDATE_CLUSTER: u32 = 8;
@@ -125,6 +162,36 @@ mod tests {
             budget,
             k,
         }
+    }
+
+    #[test]
+    fn half_blocks_only_past_one_wave_where_two_fit_an_sm_and_k_fits_one() {
+        let h200 = Resident {
+            whole: 132,
+            half: 264,
+        };
+        let rows = |bs, k| BuildShape {
+            bs,
+            k,
+            ..shape(255, 255)
+        };
+        // bs = 64 (960 rows) at K = 255: two half blocks an SM.
+        assert_eq!(candidate_threads(&rows(64, 255), h200), 512);
+        assert_eq!(candidate_threads(&rows(64, 256), h200), 512);
+        // A larger K lowers a half block's floor: whole blocks.
+        assert_eq!(candidate_threads(&rows(64, 257), h200), 1024);
+        assert_eq!(candidate_threads(&rows(64, 1023), h200), 1024);
+        // bs = 8 (120 rows) fits one wave of whole blocks.
+        assert_eq!(candidate_threads(&rows(8, 255), h200), 1024);
+        assert_eq!(candidate_threads(&rows(9, 255), h200), 512);
+        // sm_120 (100 KB an SM): one block an SM either way.
+        let sm120 = Resident {
+            whole: 188,
+            half: 188,
+        };
+        assert_eq!(candidate_threads(&rows(64, 255), sm120), 1024);
+        // The driver could not say.
+        assert_eq!(candidate_threads(&rows(64, 255), Resident::default()), 1024);
     }
 
     #[test]

@@ -244,8 +244,9 @@ pub const ALL_STAGES: u32 = 7;
 /// With [`STAGE_SELECT`]: select by the best-first warp instead of the parallel threshold
 /// search (the same tree; for benchmarks and tests).
 pub const SELECT_BEST_FIRST: u32 = 8;
-/// With [`STAGE_CANDIDATES`]: one block a row even where the launcher would spread each row
-/// over a cluster (the same output; for benchmarks and tests).
+/// With [`STAGE_CANDIDATES`]: one block of [`CANDIDATE_THREADS`] a row even where the
+/// launcher would spread each row over a cluster or launch half blocks (the same output;
+/// for benchmarks and tests).
 pub const CANDIDATES_ONE_BLOCK: u32 = 16;
 
 /// SPEC stages 1–3 on device `ordinal`, launched on `stream` (PyTorch's current stream).
@@ -313,8 +314,9 @@ impl Kernel {
 }
 
 /// The launches of the stages in `stages` (bits 1 | 2 | 4), in order: stage 1 one block per
-/// (request, depth) row, or a cluster of blocks per row where every row's cluster fits on
-/// the GPU at once (`launch::cluster_rows`), stages 2 and 3 one block per request.
+/// (request, depth) row (of `launch::candidate_threads` threads), or a cluster of blocks per
+/// row where every row's cluster fits on the GPU at once (`launch::cluster_rows`), stages 2
+/// and 3 one block per request.
 pub(crate) fn build_kernels(
     dev: &Device,
     shape: &BuildShape,
@@ -325,10 +327,17 @@ pub(crate) fn build_kernels(
     let index = dtype.index();
     let clustered =
         stages & CANDIDATES_ONE_BLOCK == 0 && launch::cluster_rows(shape, dev.clusters[index]);
-    let (candidates, blocks_a_row) = if clustered {
-        (dev.candidates_cluster[index], launch::CANDIDATE_CLUSTER)
+    let (candidates, blocks_a_row, threads) = if clustered {
+        (
+            dev.candidates_cluster[index],
+            launch::CANDIDATE_CLUSTER,
+            CANDIDATE_THREADS,
+        )
+    } else if stages & CANDIDATES_ONE_BLOCK != 0 {
+        (dev.candidates[index], 1, CANDIDATE_THREADS)
     } else {
-        (dev.candidates[index], 1)
+        let threads = launch::candidate_threads(shape, dev.resident[index]);
+        (dev.candidates[index], 1, threads)
     };
     let all = [
         (
@@ -336,7 +345,7 @@ pub(crate) fn build_kernels(
             "cuLaunchKernel(candidates)",
             candidates,
             rows * blocks_a_row,
-            CANDIDATE_THREADS,
+            threads,
             launch::CANDIDATE_SMEM,
         ),
         (

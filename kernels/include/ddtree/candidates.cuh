@@ -29,6 +29,9 @@ constexpr int kMaxK = 1024;
 
 constexpr int kTieCap = 8192;  // tokens selected among in shared memory
 constexpr int kSmallBins = 256;
+// Runs pass 2 leaves for after its loop (sum_and_collect): at most this many a block, the
+// rest done in the loop.
+constexpr int kDeferCap = 2048;
 
 struct CandShared {
   union {
@@ -37,12 +40,14 @@ struct CandShared {
   };
   uint64_t cand[kMaxK];  // (key << 32) | (0xffffffff - id): larger = ranked earlier
   uint32_t small_hist[kSmallBins];
+  int deferred[kDeferCap];  // first token of each run pass 2 left for after its loop
   float fscratch[32];
   double dscratch[32];
   U128 uscratch[32];
   int iscratch[32];
   int count;      // candidates collected so far
   int tie_count;  // entries in ties
+  int defer_count;  // runs pass 2 left for after its loop (may exceed kDeferCap)
   int sel_bin;    // threshold bin of the current digit
   int sel_above;  // tokens in bins above it
   uint32_t kth_above;  // warp_crossing_digit's count: entries in digits above the chosen one
@@ -52,7 +57,7 @@ static_assert(offsetof(CandShared, ties) % 16 == 0 && offsetof(CandShared, cand)
               "rank_top reads its entries in 16-byte pairs");
 
 // Dynamic shared memory every candidates launch asks for (launch.rs: CANDIDATE_SMEM).
-constexpr int kCandSmem = 80 * 1024;
+constexpr int kCandSmem = 88 * 1024;
 static_assert(sizeof(CandShared) <= kCandSmem, "CandShared outgrew its launch size");
 
 __device__ __forceinline__ uint64_t composite(uint32_t key, int id) {
@@ -278,12 +283,12 @@ __device__ void collect_by_id(const T* __restrict__ row, long long stride, int V
   }
 }
 
-// The K-th largest of the block's per-thread keys (K <= blockDim.x), or a key below it
-// that no value of the row's type lies between: a radix select, 8 bits a round from the
-// top, one key a thread, until `kKeyBits` (KeyBits: the bits a key of the type can vary
-// in) are decided; the undecided low bits are returned as 0. Three barriers a round.
+// The K-th largest of the block's keys, two a thread (K <= 2 * blockDim.x), or a key below
+// it that no value of the row's type lies between: a radix select, 8 bits a round from the
+// top, until `kKeyBits` (KeyBits: the bits a key of the type can vary in) are decided; the
+// undecided low bits are returned as 0. Three barriers a round.
 template <int kKeyBits>
-__device__ uint32_t kth_largest_thread_key(CandShared& s, uint32_t mine, int K) {
+__device__ uint32_t kth_largest_thread_key(CandShared& s, const uint32_t (&mine)[2], int K) {
   uint32_t prefix = 0;  // the decided high bits
   uint32_t need = K;    // keys still needed at or above the prefix
   int decided = 0;
@@ -291,7 +296,12 @@ __device__ uint32_t kth_largest_thread_key(CandShared& s, uint32_t mine, int K) 
     for (int b = threadIdx.x; b < kSmallBins; b += blockDim.x) s.small_hist[b] = 0;
     __syncthreads();
     const int shift = 24 - decided;
-    if (decided == 0 || (mine >> (shift + 8)) == prefix) hist_add(s.small_hist, (mine >> shift) & 255u);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (decided == 0 || (mine[h] >> (shift + 8)) == prefix) {
+        hist_add(s.small_hist, (mine[h] >> shift) & 255u);
+      }
+    }
     __syncthreads();
     if (threadIdx.x < kWarp) warp_crossing_digit(s.small_hist, need, &s.sel_bin, &s.kth_above);
     __syncthreads();
@@ -400,16 +410,17 @@ __device__ void write_sorted(const T* __restrict__ row, long long stride, int K,
   }
 }
 
-// Pass 1 of top_k_pass: this thread's largest value (NaN ignored) and whether it saw a NaN
-// or +inf; 16-bit rows in packed pairs.
+// Pass 1 of top_k_pass: this thread's largest value among its even tokens and among its
+// odd ones (NaN ignored; -inf where it has none), and whether it saw a NaN or +inf; 16-bit
+// rows in packed pairs (a pair's halves are an even and an odd token).
 template <typename T>
 __device__ __forceinline__ void max_pass(const T* __restrict__ row, long long stride, int V,
-                                         float* local_max, int* local_bad) {
-  float mx = -INFINITY;
+                                         float (&local_max)[2], int* local_bad) {
+  float mx[2] = {-INFINITY, -INFINITY};
   int bad = 0;
-  const auto one = [&](int, float x) {
+  const auto one = [&](int id, float x) {
     bad |= (isnan(x) || x == INFINITY) ? 1 : 0;
-    mx = fmaxf(mx, x);
+    mx[id & 1] = fmaxf(mx[id & 1], x);
   };
   bool packed_runs = false;
   if constexpr (kPacked<T>) {
@@ -417,58 +428,131 @@ __device__ __forceinline__ void max_pass(const T* __restrict__ row, long long st
     if (packed_runs) {
       PackedMax<T> packed;
       for_each_run<8>(row, V, [&](int, const uint4& v) { packed.add(v); }, one);
-      mx = fmaxf(mx, packed.value());
+      mx[0] = fmaxf(mx[0], to_f32(packed.max.x));
+      mx[1] = fmaxf(mx[1], to_f32(packed.max.y));
       bad |= packed.bad() ? 1 : 0;
     }
   }
   if (!packed_runs) for_each_in_row(row, stride, V, one);
-  *local_max = mx;
+  local_max[0] = mx[0];
+  local_max[1] = mx[1];
   *local_bad = bad;
+}
+
+// A token at or above the floor into s.ties (up to kTieCap; s.tie_count counts them all).
+__device__ __forceinline__ void collect_token(CandShared& s, uint32_t floor_key, int id, float x) {
+  const uint32_t key = float_key(x);
+  if (key >= floor_key) {
+    const int slot = atomicAdd(&s.tie_count, 1);
+    if (slot < kTieCap) s.ties[slot] = composite(key, id);
+  }
+}
+
+// One 16-bit run of pass 2, any route: its tokens at or above the floor collected, its
+// terms into `sum` (as far terms where its maximum is 3 or more below the shift in the
+// fast grade; their differences exact where every value is at least `least` in size).
+template <typename T, typename Sum, typename Grade>
+__device__ __forceinline__ void any_run(int id0, const uint4& v, float shift, Grade grade,
+                                        uint32_t floor_key, T least, Sum& sum, CandShared& s) {
+  const float top = run_max<T>(v);
+  if (float_key(top) >= floor_key) {
+    float x[kRun<T>];
+    unpack_run<T>(v, x);
+#pragma unroll
+    for (int j = 0; j < kRun<T>; ++j) collect_token(s, floor_key, id0 + j, x[j]);
+  }
+  if (kFastGrade<Grade> && !(top - shift > kNearBelowMax)) {
+    sum.template add_far<T>(v, shift, run_at_least<T>(v, {least, least}));
+  } else {
+    sum.template add_run<T>(v, shift, grade);
+  }
+}
+
+// any_run in the fast grade, out of line, its terms returned: the runs the fast loop leaves
+// (sum_and_collect), whose rare branches would otherwise swell the loop's code.
+template <typename T>
+__device__ __noinline__ U128 rare_run(int id0, uint4 v, float shift, uint32_t floor_key, T least,
+                                      CandShared& s) {
+  TermSum terms;
+  any_run(id0, v, shift, Fast{}, floor_key, least, terms, s);
+  return terms.total;
+}
+
+// Pass 2's runs in the fast grade. The loop does only the common run: under the floor,
+// 3 or more below the shift, with exact differences (far_term16_exact), tested on the
+// run's packed maxima against two bounds of the row's type. Any other run is queued in
+// shared memory (s.deferred, up to kDeferCap; past it, done at once out of line) and done
+// after the loop. Done in the loop, such a run kept the rest of its warp waiting: a quarter
+// of the kernel's instructions at bs = 64 ran with 1 to 5 of 32 lanes (Nsight Compute,
+// BENCHMARKS session 29). The sum is of integers and the tokens are ranked after, so the
+// order does not matter: the outputs are any_run's on every run, bit for bit.
+template <typename T, typename One>
+__device__ __forceinline__ void fast_runs(const T* __restrict__ row, int V, float shift,
+                                          uint32_t floor_key, T least, TermSum& sum,
+                                          CandShared& s, One&& one) {
+  using P = typename PairOf<T>::type;
+  // Values below `below` have keys under the floor (the smallest value of the type at or
+  // above the floor's; -0.0 and 0.0 share a key and compare equal). Values at or under
+  // `far` are at least 3 below the shift however x - shift rounds: shift - 3 rounded down,
+  // then down again to the type.
+  const T below = from_f32_up<T>(float_of_key(floor_key));
+  const T far = from_f32_down<T>(__fsub_rd(shift, -kNearBelowMax));
+  const P below2{below, below}, far2{far, far}, least2{least, least};
+  for_each_run(
+      row, V,
+      [&](int id0, const uint4& v) {
+        const P top = run_max2<T>(v);
+        if (__hblt2(top, below2) && __hble2(top, far2) && run_at_least<T>(v, least2)) {
+          sum.add_far<T>(v, shift, true);
+          return;
+        }
+        const int slot = atomicAdd(&s.defer_count, 1);
+        if (slot < kDeferCap) {
+          s.deferred[slot] = id0;
+        } else {
+          sum.total = add128(sum.total, rare_run<T>(id0, v, shift, floor_key, least, s));
+        }
+      },
+      one);
+  __syncthreads();  // every run queued
+  const int queued = min(s.defer_count, kDeferCap);
+  const uint4* vrow = reinterpret_cast<const uint4*>(row);
+  for (int j = threadIdx.x; j < queued; j += blockDim.x) {
+    const int id0 = s.deferred[j];
+    sum.total = add128(sum.total, rare_run<T>(id0, __ldg(vrow + id0 / kRun<T>), shift, floor_key,
+                                              least, s));
+  }
 }
 
 // Pass 2 of top_k_pass: every value's term into `sum` (against `shift`, in `grade`), and
 // every token whose key is at least `floor_key` into s.ties (up to kTieCap; s.tie_count
-// counts them all). 16-bit runs are routed whole: a run far below the shift (fast grade)
-// sums as far terms, a run under the floor collects nothing.
+// counts them all). 16-bit runs are routed whole (any_run): a run far below the shift
+// (fast grade) sums as far terms, a run under the floor collects nothing.
+//
+// The fast grade's sum has a loop of its own (fast_runs).
 template <typename T, typename Sum, typename Grade>
 __device__ __forceinline__ void sum_and_collect(const T* __restrict__ row, long long stride,
                                                 int V, float shift, Grade grade,
                                                 uint32_t floor_key, Sum& sum, CandShared& s) {
-  const auto collect = [&](int id, float x) {
-    const uint32_t key = float_key(x);
-    if (key >= floor_key) {
-      const int slot = atomicAdd(&s.tie_count, 1);
-      if (slot < kTieCap) s.ties[slot] = composite(key, id);
-    }
-  };
   const auto one = [&](int id, float x) {
     sum.add(x, shift, grade);
-    collect(id, x);
+    collect_token(s, floor_key, id, x);
   };
   if constexpr (kPacked<T>) {
     if (reads_in_runs(row, stride)) {
       // Runs whose every value is at least this in magnitude have exact differences with
       // the shift (fast grade only: |shift| >= 8).
-      using P = typename PairOf<T>::type;
       const T least = from_f32<T>(exact_from<kSignificand<T>>(shift));
-      const P least2{least, least};
-      for_each_run_once(
-          row, V,
-          [&](int id0, const uint4& v) {
-            const float top = run_max<T>(v);
-            if (float_key(top) >= floor_key) {
-              float x[kRun<T>];
-              unpack_run<T>(v, x);
-#pragma unroll
-              for (int j = 0; j < kRun<T>; ++j) collect(id0 + j, x[j]);
-            }
-            if (kFastGrade<Grade> && !(top - shift > kNearBelowMax)) {
-              sum.template add_far<T>(v, shift, run_at_least<T>(v, least2));
-            } else {
-              sum.template add_run<T>(v, shift, grade);
-            }
-          },
-          one);
+      if constexpr (kFastGrade<Grade> && Sum::kSums) {
+        fast_runs(row, V, shift, floor_key, least, sum, s, one);
+      } else {
+        for_each_run_once(
+            row, V,
+            [&](int id0, const uint4& v) {
+              any_run(id0, v, shift, grade, floor_key, least, sum, s);
+            },
+            one);
+      }
       return;
     }
   }
@@ -490,22 +574,24 @@ template <typename T, typename Sum, typename Combine = OneBlock>
 __device__ int top_k_pass(const T* __restrict__ row, long long stride, int V, int K,
                           CandShared& s, float* max_out, Sum& sum,
                           Combine&& combine = Combine{}) {
-  if (threadIdx.x == 0) s.count = s.tie_count = 0;
+  if (threadIdx.x == 0) s.count = s.tie_count = s.defer_count = 0;
   int local_bad;
-  float local_max;
-  max_pass(row, stride, V, &local_max, &local_bad);
+  float local_max[2];
+  max_pass(row, stride, V, local_max, &local_bad);
   int bad = block_any(local_bad, s.iscratch);
-  float m = block_max(local_max, s.fscratch);
+  float m = block_max(fmaxf(local_max[0], local_max[1]), s.fscratch);
   combine(m, bad);
   *max_out = m;
   if (bad) return 1;
   const float shift = (m == -INFINITY) ? 0.0f : m;  // all -inf: every term is 0
 
-  // The K-th largest of the threads' maxima bounds the row's K-th largest from below (those
-  // maxima are K of the row's tokens), so pass 2 keeps only tokens at or above it: usually a
-  // few times K, selected among exactly in shared memory. Ties beyond kTieCap fall back to
-  // the radix select over the whole row.
-  const uint32_t floor_key = kth_largest_thread_key<KeyBits<T>::value>(s, float_key(local_max), K);
+  // The K-th largest of the threads' maxima (two a thread: its even and its odd tokens')
+  // bounds the row's K-th largest from below (those maxima are K of the row's tokens, or
+  // -inf), so pass 2 keeps only tokens at or above it: usually a few times K, selected
+  // among exactly in shared memory. Ties beyond kTieCap fall back to the radix select over
+  // the whole row.
+  const uint32_t keys[2] = {float_key(local_max[0]), float_key(local_max[1])};
+  const uint32_t floor_key = kth_largest_thread_key<KeyBits<T>::value>(s, keys, K);
   with_grade(shift, [&](auto grade) {
     sum_and_collect(row, stride, V, shift, grade, floor_key, sum, s);
   });

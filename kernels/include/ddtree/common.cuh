@@ -25,6 +25,24 @@ __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
 }
 
+// x rounded up and down to a 16-bit type.
+template <typename T>
+__device__ __forceinline__ T from_f32_up(float x);
+template <>
+__device__ __forceinline__ __half from_f32_up<__half>(float x) { return __float2half_ru(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f32_up<__nv_bfloat16>(float x) {
+  return __float2bfloat16_ru(x);
+}
+template <typename T>
+__device__ __forceinline__ T from_f32_down(float x);
+template <>
+__device__ __forceinline__ __half from_f32_down<__half>(float x) { return __float2half_rd(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f32_down<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rd(x);
+}
+
 // Significant high bits of an fp32 key for each input dtype: the low bits of an upcast
 // bf16 (16) or fp16 (13 mantissa bits) value are zero, so the radix select can stop early.
 template <typename T> struct KeyBits { static constexpr int value = 32; };

@@ -99,11 +99,18 @@ __device__ __forceinline__ typename PairOf<T>::type pair_at(const uint4& v, int 
   return *reinterpret_cast<const typename PairOf<T>::type*>(&word);
 }
 
-// The largest value of a 16-bit run (NaN-free: pass 2 never sees a NaN).
+// The largest values of a 16-bit run's even and odd tokens, as a pair (NaN-free: pass 2
+// never sees a NaN).
+template <typename T>
+__device__ __forceinline__ typename PairOf<T>::type run_max2(const uint4& v) {
+  return __hmax2(__hmax2(pair_at<T>(v, 0), pair_at<T>(v, 1)),
+                 __hmax2(pair_at<T>(v, 2), pair_at<T>(v, 3)));
+}
+
+// The largest value of a 16-bit run.
 template <typename T>
 __device__ __forceinline__ float run_max(const uint4& v) {
-  const auto p = __hmax2(__hmax2(pair_at<T>(v, 0), pair_at<T>(v, 1)),
-                         __hmax2(pair_at<T>(v, 2), pair_at<T>(v, 3)));
+  const auto p = run_max2<T>(v);
   return fmaxf(to_f32(p.x), to_f32(p.y));
 }
 
@@ -136,7 +143,6 @@ struct PackedMax {
     }
   }
 
-  __device__ __forceinline__ float value() const { return fmaxf(to_f32(max.x), to_f32(max.y)); }
 
   // NaN or +inf among the runs' tokens.
   __device__ __forceinline__ bool bad() const {
@@ -147,6 +153,7 @@ struct PackedMax {
 
 // A thread's share of a row's fixed-point sum (fixed_sum.cuh).
 struct TermSum {
+  static constexpr bool kSums = true;
   U128 total{0ull, 0ull};
 
   template <typename G>
@@ -188,6 +195,7 @@ struct TermSum {
 
 // No sum (a part's top-K pass: partials.cuh sums the parts once the row's maximum is known).
 struct NoSum {
+  static constexpr bool kSums = false;
   template <typename G>
   __device__ __forceinline__ void add(float, float, G) {}
   template <typename T, typename G>

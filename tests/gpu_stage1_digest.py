@@ -1,0 +1,57 @@
+"""A digest of stage 1's outputs (every row's log-probs and ids, as bytes) over rows built to
+take each of its routes, so two builds can be shown bit-identical on the GPU: run it with
+each wheel installed and compare the lines (tests/gpu_run.sh, step build-ab, does).
+
+python3 tests/gpu_stage1_digest.py  # one line a case: its name and a SHA-256 prefix
+"""
+
+import hashlib
+
+import torch
+
+import ddtree
+from ddtree.bench_gpu import peaked_logits
+
+VOCAB = 151_936
+
+
+def cases(dev):
+    """(name, logits [bs, L, V], budget): the bench's rows at three batch sizes (one block a
+    row, half blocks, clusters), moved into the precise grade and far above it; flat and
+    quantised rows (many tokens at the floor, deferred runs past the queue); -inf runs;
+    tiny values (inexact far runs); fp16 and fp32."""
+    for bs in (1, 8, 64):
+        for shift in (0.0, -20.0, 40.0):
+            yield f"peaked bs={bs} shift={shift}", peaked_logits(bs, 15, VOCAB, 7, dev, shift), 255
+    g = torch.Generator(device=dev).manual_seed(3)
+    flat = torch.rand(40, 4, VOCAB, device=dev, generator=g).mul(0.5).add(12.0)
+    yield "flat", flat.to(torch.bfloat16), 63
+    quantised = torch.randint(0, 4, (40, 4, VOCAB), device=dev, generator=g).float().add(10.0)
+    yield "quantised", quantised.to(torch.bfloat16), 255
+    yield "quantised B=1023", quantised[:8].to(torch.bfloat16), 1023
+    masked = peaked_logits(24, 8, VOCAB, 9, dev, 10.0)
+    masked[:, :, 1000:60000] = float("-inf")
+    yield "masked", masked, 255
+    tiny = peaked_logits(24, 8, VOCAB, 11, dev, 0.0).float()
+    tiny[:, :, ::3] *= 1e-3
+    yield "tiny", tiny.to(torch.bfloat16), 255
+    x = peaked_logits(24, 8, VOCAB, 13, dev, 12.0)
+    yield "f16", x.to(torch.float16), 255
+    yield "f32", x.float(), 255
+
+
+def main() -> None:
+    dev = torch.device("cuda")
+    for name, x, budget in cases(dev):
+        bs = x.shape[0]
+        roots = torch.zeros(bs, dtype=torch.int64, device=dev)
+        prefix = torch.zeros(bs, dtype=torch.int64, device=dev)
+        tree = ddtree.build_tree(x, roots, prefix, budget=budget)
+        h = hashlib.sha256()
+        for t in (tree.topk_logprobs, tree.topk_ids, tree.status, tree.verify_ids):
+            h.update(t.cpu().numpy().tobytes())
+        print(f"{name}: {h.hexdigest()[:16]}")
+
+
+if __name__ == "__main__":
+    main()
