@@ -38,6 +38,24 @@ def cases(dev):
     x = peaked_logits(24, 8, VOCAB, 13, dev, 12.0)
     yield "f16", x.to(torch.float16), 255
     yield "f32", x.float(), 255
+    # Fast-grade rows below zero (maxima <= -29.5), zeros of both signs at the floor.
+    yield "negative", peaked_logits(24, 8, VOCAB, 15, dev, -60.0), 63
+    signed = torch.zeros(24, 8, VOCAB, device=dev)
+    signed[:, :, ::2] = -0.0
+    signed[:, :, :64] = 20.0
+    yield "signed zeros", signed.to(torch.bfloat16), 255
+    # Tail tokens (V not a multiple of a run) and an unaligned view (scalar reads).
+    wide = peaked_logits(24, 8, VOCAB, 17, dev, 12.0)
+    yield "tail", wide[:, :, : VOCAB - 3], 255
+    yield "unaligned", wide[:, :, 1:], 255
+    # Mostly -inf rows (fewer than K finite maxima: a -inf floor) and a NaN / +inf row.
+    sparse = torch.full((24, 8, VOCAB), float("-inf"), device=dev)
+    sparse[:, :, ::4096] = torch.randn(24, 8, 38, device=dev, generator=g) + 12.0
+    yield "sparse", sparse.to(torch.bfloat16), 255
+    bad = peaked_logits(24, 8, VOCAB, 19, dev, 12.0)
+    bad[0, 0, 5] = float("nan")
+    bad[1, 2, 7] = float("inf")
+    yield "nan and inf", bad, 255
 
 
 def main() -> None:

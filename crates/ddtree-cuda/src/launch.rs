@@ -50,7 +50,7 @@ pub struct Resident {
 /// K = 63; branch `wip/stage1-pairs`). The output is the same either way.
 pub fn candidate_threads(shape: &BuildShape, resident: Resident) -> u32 {
     let rows = (shape.bs * shape.depth) as u64;
-    let halves = resident.half > 0 && resident.half >= 2 * resident.whole;
+    let halves = resident.whole > 0 && resident.half >= 2 * resident.whole;
     let k_fits = shape.k <= CANDIDATE_HALF_MAX_K;
     if halves && k_fits && rows > u64::from(resident.whole) {
         CANDIDATE_HALF_THREADS
@@ -190,8 +190,13 @@ mod tests {
             half: 188,
         };
         assert_eq!(candidate_threads(&rows(64, 255), sm120), 1024);
-        // The driver could not say.
+        // The driver could not say (for either size, or for whole blocks).
         assert_eq!(candidate_threads(&rows(64, 255), Resident::default()), 1024);
+        let unknown_whole = Resident {
+            whole: 0,
+            half: 264,
+        };
+        assert_eq!(candidate_threads(&rows(64, 255), unknown_whole), 1024);
     }
 
     #[test]

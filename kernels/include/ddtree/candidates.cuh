@@ -2,9 +2,10 @@
 // (value desc, id asc) order and the fp32 logsumexp, straight from bf16/fp16/fp32 logits.
 //
 // One block per row, two reads of the row:
-//   pass 1: NaN/+inf check, the row max, and each thread's own max;
+//   pass 1: NaN/+inf check, the row max, and each thread's two maxima (of its even and of
+//           its odd tokens);
 //   pass 2: the fixed-point sum of exp(x - max) (fixed_sum.cuh), and every token at or
-//           above the K-th largest thread max (a lower bound of the row's K-th largest)
+//           above the K-th largest of those maxima (a lower bound of the row's K-th largest)
 //           into shared memory, where the top K are kept (select_kept): up to a few
 //           hundred such tokens are ranked directly, in rank order at once; more go
 //           through a radix select on (key, id) and a sort.
@@ -494,7 +495,9 @@ __device__ __forceinline__ void fast_runs(const T* __restrict__ row, int V, floa
   // Values below `below` have keys under the floor (the smallest value of the type at or
   // above the floor's; -0.0 and 0.0 share a key and compare equal). Values at or under
   // `far` are at least 3 below the shift however x - shift rounds: shift - 3 rounded down,
-  // then down again to the type.
+  // then down again to the type. A floor at -inf (fewer than K finite maxima) makes
+  // `below` a NaN: every run is then queued (each holds candidates anyway) and, past the
+  // queue, done out of line, slower than in the loop but the same outputs.
   const T below = from_f32_up<T>(float_of_key(floor_key));
   const T far = from_f32_down<T>(__fsub_rd(shift, -kNearBelowMax));
   const P below2{below, below}, far2{far, far}, least2{least, least};

@@ -102,8 +102,9 @@ __device__ __forceinline__ U128 fixed_term(float x, float m, Fast) {
 // expf(d) * 2^52, bit for bit, one instruction fewer: CUDA's expf (d log2(e) split into an
 // integer j and a rest f, ex2 of f by the special-function unit, times 2^j built from j's
 // bits) with 2^52 added to j's exponent instead of a second product. Both products are
-// exact while 2^(j + 52) ex2(f) is a normal float: for every d above -87 (and -inf gives
-// 0, as expf does: its saturated j keeps the scale finite).
+// exact while 2^(j + 52) ex2(f) is a normal float: for every d in (-87, 0] (callers pass
+// d <= -3; above about 52 the shifted exponent would overflow into the sign bit), and -inf
+// gives 0, as expf does: its saturated j keeps the scale finite.
 __device__ __forceinline__ float exp_times_2p52(float d) {
   const float t = __saturatef(__fmaf_rn(d, 0x1.77313ap-8f, 0.5f));  // d log2(e) / 252 + 1/2
   const float jm = __fmaf_rd(t, 252.0f, 12582913.0f);  // 1.5 * 2^23 + 1 + floor(252 t)
