@@ -325,15 +325,15 @@ pub(crate) fn build_kernels(
 ) -> Vec<Kernel> {
     let (bs, rows) = (shape.bs as u32, (shape.bs * shape.depth) as u32);
     let index = dtype.index();
-    let clustered =
-        stages & CANDIDATES_ONE_BLOCK == 0 && launch::cluster_rows(shape, dev.clusters[index]);
+    let one_block = stages & CANDIDATES_ONE_BLOCK != 0;
+    let clustered = !one_block && launch::cluster_rows(shape, dev.clusters[index]);
     let (candidates, blocks_a_row, threads) = if clustered {
         (
             dev.candidates_cluster[index],
             launch::CANDIDATE_CLUSTER,
             CANDIDATE_THREADS,
         )
-    } else if stages & CANDIDATES_ONE_BLOCK != 0 {
+    } else if one_block {
         (dev.candidates[index], 1, CANDIDATE_THREADS)
     } else {
         let threads = launch::candidate_threads(shape, dev.resident[index]);

@@ -16,6 +16,7 @@
 // by a bitonic network. Aligned unit-stride 16-bit rows are read in 16-byte runs (runs.cuh).
 #pragma once
 #include <cstddef>
+#include <type_traits>
 
 #include "common.cuh"
 #include "fixed_sum.cuh"
@@ -30,8 +31,8 @@ constexpr int kMaxK = 1024;
 
 constexpr int kTieCap = 8192;  // tokens selected among in shared memory
 constexpr int kSmallBins = 256;
-// Runs pass 2 leaves for after its loop (sum_and_collect): at most this many a block, the
-// rest done in the loop.
+// Runs pass 2's fast loop leaves for after it (fast_runs): at most this many a block, the
+// rest done at once, out of line.
 constexpr int kDeferCap = 2048;
 
 struct CandShared {
@@ -470,7 +471,7 @@ __device__ __forceinline__ void any_run(int id0, const uint4& v, float shift, Gr
 }
 
 // any_run in the fast grade, out of line, its terms returned: the runs the fast loop leaves
-// (sum_and_collect), whose rare branches would otherwise swell the loop's code.
+// (fast_runs), whose rare branches would otherwise swell the loop's code.
 template <typename T>
 __device__ __noinline__ U128 rare_run(int id0, uint4 v, float shift, uint32_t floor_key, T least,
                                       CandShared& s) {
@@ -546,7 +547,7 @@ __device__ __forceinline__ void sum_and_collect(const T* __restrict__ row, long 
       // Runs whose every value is at least this in magnitude have exact differences with
       // the shift (fast grade only: |shift| >= 8).
       const T least = from_f32<T>(exact_from<kSignificand<T>>(shift));
-      if constexpr (kFastGrade<Grade> && Sum::kSums) {
+      if constexpr (kFastGrade<Grade> && std::is_same<Sum, TermSum>::value) {
         fast_runs(row, V, shift, floor_key, least, sum, s, one);
       } else {
         for_each_run_once(

@@ -143,7 +143,6 @@ struct PackedMax {
     }
   }
 
-
   // NaN or +inf among the runs' tokens.
   __device__ __forceinline__ bool bad() const {
     const float a = to_f32(nan_max.x), b = to_f32(nan_max.y);
@@ -153,7 +152,6 @@ struct PackedMax {
 
 // A thread's share of a row's fixed-point sum (fixed_sum.cuh).
 struct TermSum {
-  static constexpr bool kSums = true;
   U128 total{0ull, 0ull};
 
   template <typename G>
@@ -195,7 +193,6 @@ struct TermSum {
 
 // No sum (a part's top-K pass: partials.cuh sums the parts once the row's maximum is known).
 struct NoSum {
-  static constexpr bool kSums = false;
   template <typename G>
   __device__ __forceinline__ void add(float, float, G) {}
   template <typename T, typename G>
