@@ -108,11 +108,12 @@ def test_kernels_equal_the_cpu_path_on_random_batches(chunk):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("top", [None, 8.0, 7.9])
+@pytest.mark.parametrize("top", [None, 4.0, 3.9, 5.5, -25.5, -25.0])
 def test_z_within_one_ulp_where_it_is_small(dtype, top):
-    """Log-probability rows (Z near 0, so an ulp of Z is tiny), and the same rows lifted so
-    that the maximum sits at the edge of fixed_sum.cuh's fast grade (8.0) or inside
-    the precise one (7.9): half of them with most tokens tied far below the top."""
+    """Log-probability rows (Z near 0, so an ulp of Z is tiny), and the same rows moved so
+    that the maximum sits at an edge of fixed_sum.cuh's fast grade (4.0, -25.5), inside it
+    (5.5) or inside the precise one (3.9, -25.0): half of them with most tokens tied far
+    below the top."""
     rng = np.random.default_rng(77)
     x, roots, prefix = make_inputs(rng, "logprob", (4, 15, 151936), torch.float32, False, False)
     if top is not None:

@@ -545,7 +545,7 @@ __device__ __forceinline__ void sum_and_collect(const T* __restrict__ row, long 
   if constexpr (kPacked<T>) {
     if (reads_in_runs(row, stride)) {
       // Runs whose every value is at least this in magnitude have exact differences with
-      // the shift (fast grade only: |shift| >= 8).
+      // the shift (fast grade only: |shift| >= 4).
       const T least = from_f32<T>(exact_from<kSignificand<T>>(shift));
       if constexpr (kFastGrade<Grade> && std::is_same<Sum, TermSum>::value) {
         fast_runs(row, V, shift, floor_key, least, sum, s, one);
