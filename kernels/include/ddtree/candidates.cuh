@@ -502,7 +502,7 @@ __device__ __forceinline__ void fast_runs(const T* __restrict__ row, int V, floa
   const T below = from_f32_up<T>(float_of_key(floor_key));
   const T far = from_f32_down<T>(__fsub_rd(shift, -kNearBelowMax));
   const P below2{below, below}, far2{far, far}, least2{least, least};
-  for_each_run(
+  for_each_run<4, true>(
       row, V,
       [&](int id0, const uint4& v) {
         const P top = run_max2<T>(v);
