@@ -72,7 +72,8 @@ def main() -> None:
         prefix = torch.zeros(bs, dtype=torch.int64, device=dev)
         tree = ddtree.build_tree(x, roots, prefix, budget=budget)
         print(f"{name} [ranks]: {digest(tree.topk_ids, tree.status)}")
-        print(f"{name} [all]: {digest(tree.topk_logprobs, tree.topk_ids, tree.status, tree.verify_ids)}")
+        every = digest(tree.topk_logprobs, tree.topk_ids, tree.status, tree.verify_ids)
+        print(f"{name} [all]: {every}")
 
 
 def digest(*tensors: torch.Tensor) -> str:
