@@ -31,16 +31,20 @@ install_wheel() {
         || { cat /tmp/install.log; return 1; }
 }
 # The two-build steps: runs "${@:2}" AB_PASSES (default 2) times with the wheels of WHEELS
-# (A) and WHEELS_B (B) installed in turn, appending to $OUT/$1-A.txt and $OUT/$1-B.txt.
+# (A) and WHEELS_B (B) installed in turn, appending to $OUT/$1-A.txt and $OUT/$1-B.txt;
+# and with each folder of WHEELS_MORE (space-separated; sides C, D, ...) after them.
+ab_sides() {
+    local letters=(C D E F G) i=0 w
+    echo "A:${WHEELS:-wheels} B:${WHEELS_B:?the step needs WHEELS_B}"
+    for w in ${WHEELS_MORE:-}; do echo "${letters[$i]}:$w"; i=$((i + 1)); done
+}
 ab_runs() {
-    local name=$1 side wheel
+    local name=$1 pair
     shift
     for _ in $(seq "${AB_PASSES:-2}"); do
-        for side in A B; do
-            wheel=${WHEELS:-wheels}
-            [ "$side" = B ] && wheel=${WHEELS_B:?the $name step needs WHEELS_B}
-            install_wheel "$wheel" || status=1
-            limit "$@" >>"$OUT/$name-$side.txt" 2>&1 || status=1
+        for pair in $(ab_sides); do
+            install_wheel "${pair#*:}" || status=1
+            limit "$@" >>"$OUT/$name-${pair%%:*}.txt" 2>&1 || status=1
         done
     done
 }
@@ -174,14 +178,30 @@ for step in $STEPS; do
         # turn, AB_PASSES (default 2) passes each, into build-A.txt and build-B.txt; A is
         # installed again for the steps after.
         ab_runs build python3 -m ddtree.bench_gpu ${BENCH_ARGS:-}
-        tail -n 12 "$OUT/build-A.txt" "$OUT/build-B.txt"
-        # Stage 1's outputs bit for bit: the same digests from both builds, every pass.
+        tail -n 12 "$OUT"/build-?.txt
+        # Stage 1's outputs bit for bit: the same digests from both builds, every pass (with
+        # AB_DIGEST=ranks, for a change that moves Z's rounding on purpose, the ranks' alone,
+        # and how many cases' log-probs moved).
         ab_runs digest python3 tests/gpu_stage1_digest.py
-        if diff <(sort -u "$OUT/digest-A.txt") <(sort -u "$OUT/digest-B.txt"); then
-            echo "stage 1 digests: A == B ($(sort -u "$OUT/digest-A.txt" | wc -l) lines)"
+        pick=.
+        [ "${AB_DIGEST:-all}" = ranks ] && pick='\[ranks\]'
+        if diff <(grep "$pick" "$OUT/digest-A.txt" | sort -u) \
+            <(grep "$pick" "$OUT/digest-B.txt" | sort -u); then
+            echo "stage 1 digests (${AB_DIGEST:-all}): A == B ($(grep -c "$pick" "$OUT/digest-A.txt") lines)"
         else
-            echo "stage 1 digests DIFFER"; status=1
+            echo "stage 1 digests (${AB_DIGEST:-all}) DIFFER"; status=1
         fi
+        echo "cases whose log-probs or tree moved: $(diff <(grep '\[all\]' "$OUT/digest-A.txt" | sort -u) \
+            <(grep '\[all\]' "$OUT/digest-B.txt" | sort -u) | grep -c '^<')"
+        for pair in $(ab_sides | tail -n +2); do  # WHEELS_MORE's against B
+            side=${pair%%:*}
+            if diff -q <(grep "$pick" "$OUT/digest-$side.txt" | sort -u) \
+                <(grep "$pick" "$OUT/digest-B.txt" | sort -u) >/dev/null; then
+                echo "stage 1 digests (${AB_DIGEST:-all}): $side == B"
+            else
+                echo "stage 1 digests (${AB_DIGEST:-all}): $side DIFFERS from B"; status=1
+            fi
+        done
         install_wheel "${WHEELS:-wheels}" || status=1 ;;
     sampling)
         # Sampled accept against greedy (tests/gpu_sampling_bench.py, SAMPLING_ARGS): draws by

@@ -65,15 +65,23 @@ pub const CANDIDATE_CLUSTER: u32 = 8;
 /// chunk then holds a token).
 pub const CLUSTER_MIN_VOCAB: usize = 4096;
 
+/// The largest K stage 1 spreads rows over clusters for (`launch::cluster_rows`).
+pub const CLUSTER_MAX_K: usize = 256;
+
 /// Whether stage 1 spreads each row over a cluster of [`CANDIDATE_CLUSTER`] blocks: when
 /// every row's cluster fits on the GPU at once (`clusters`: the driver's count of clusters
-/// it holds at once), so one block a row would leave most SMs idle, and the rows are long
-/// enough to split. Each block still pays the kernel's fixed tail (the K-th largest thread
-/// maximum, its select and sort), so a second wave of clusters costs more than one block
-/// a row (measured on the H200: bs = 8, 120 rows, 294 µs against 85). The output is the
-/// same either way.
+/// it holds at once), so one block a row would leave most SMs idle, the rows are long
+/// enough to split, and K is at most [`CLUSTER_MAX_K`]. Each block still pays the kernel's
+/// fixed tail (the K-th largest thread maximum, its select and sort, then block 0's merge
+/// of every block's K), so a second wave of clusters costs more than one block a row
+/// (measured on the H200: bs = 8, 120 rows, 294 µs against 85), and so does a large K:
+/// at bs = 1 the cluster took 24.8 µs against one block's 31.0 at K = 63, 32.0 against
+/// 32.9 at K = 255, but 76.6 against 53.7 at K = 1023 (BENCHMARKS, session 30). The output
+/// is the same either way.
 pub fn cluster_rows(shape: &BuildShape, clusters: u32) -> bool {
-    shape.vocab >= CLUSTER_MIN_VOCAB && (shape.bs * shape.depth) as u64 <= u64::from(clusters)
+    shape.vocab >= CLUSTER_MIN_VOCAB
+        && shape.k <= CLUSTER_MAX_K
+        && (shape.bs * shape.depth) as u64 <= u64::from(clusters)
 }
 
 /// The shapes of one GPU build.
@@ -214,6 +222,15 @@ mod tests {
         assert!(!cluster_rows(&rows(8, 15, 151936), 16));
         // No cluster fits (a small MIG slice, or the driver could not tell): one block a row.
         assert!(!cluster_rows(&rows(1, 1, 151936), 0));
+        // A K past CLUSTER_MAX_K: one block a row (each block's tail and the merge grow
+        // with K).
+        let wide = |k| BuildShape {
+            k,
+            ..rows(1, 15, 151936)
+        };
+        assert!(cluster_rows(&wide(CLUSTER_MAX_K), 16));
+        assert!(!cluster_rows(&wide(CLUSTER_MAX_K + 1), 16));
+        assert!(!cluster_rows(&wide(1023), 16));
         // Rows too short to give every block of a cluster a chunk stay one block a row.
         assert!(!cluster_rows(&rows(1, 15, CLUSTER_MIN_VOCAB - 1), 16));
         assert!(cluster_rows(&rows(1, 15, CLUSTER_MIN_VOCAB), 16));

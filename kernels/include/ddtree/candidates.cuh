@@ -502,7 +502,7 @@ __device__ __forceinline__ void fast_runs(const T* __restrict__ row, int V, floa
   const T below = from_f32_up<T>(float_of_key(floor_key));
   const T far = from_f32_down<T>(__fsub_rd(shift, -kNearBelowMax));
   const P below2{below, below}, far2{far, far}, least2{least, least};
-  for_each_run(
+  for_each_run<4, true>(
       row, V,
       [&](int id0, const uint4& v) {
         const P top = run_max2<T>(v);
@@ -545,7 +545,7 @@ __device__ __forceinline__ void sum_and_collect(const T* __restrict__ row, long 
   if constexpr (kPacked<T>) {
     if (reads_in_runs(row, stride)) {
       // Runs whose every value is at least this in magnitude have exact differences with
-      // the shift (fast grade only: |shift| >= 8).
+      // the shift (fast grade only: |shift| >= 4).
       const T least = from_f32<T>(exact_from<kSignificand<T>>(shift));
       if constexpr (kFastGrade<Grade> && std::is_same<Sum, TermSum>::value) {
         fast_runs(row, V, shift, floor_key, least, sum, s, one);

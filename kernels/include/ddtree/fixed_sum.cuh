@@ -12,18 +12,24 @@ namespace ddtree {
 // (the same on every part and rank, so every split still sums the same integers):
 //  * fast: units of 2^-52; within 3 of the max a float64 exp, further below it an fp32
 //    expf (2 ulp) with the fp32 subtraction's rounding error folded back in. Each term is
-//    then within 1.25 * 2^-22 of itself (+ half a unit), so Z within 2^-21 absolute for
-//    V < 2^30, which is under half an ulp of Z only when |Z| >= 8.
+//    then within 1.25 * 2^-22 of itself plus half a unit, and the terms at or below
+//    kZeroAtOrBelow, dropped, add under e^-40 each; the sum is at least 1 (the maximum's
+//    term), so for V < 2^30 the sum is within 0.45 * 2^-20 of itself, relatively, and Z
+//    within 0.45 * 2^-20 absolute. Under one ulp of Z wherever |Z| >= 4 (an ulp there is
+//    at least 2^-21): then fp32(Z) is at most one ulp from the reference's, the most
+//    SPEC allows.
 //  * precise: units of 2^-80 and every term a float64 exp (1 ulp), as the Rust CPU path
 //    sums; Z is then as accurate as SPEC's float64 reference.
-// Z = m + ln(sum) with 1 <= sum <= V < 2^31, so Z lies in [m, m + 21.5): |Z| >= 8 is sure
-// when m >= 8 or m <= -29.5. Rows in between (log-probabilities, small logits) are precise.
+// Z = m + ln(sum) with 1 <= sum <= V < 2^31, so Z lies in [m, m + 21.5): |Z| >= 4 is sure
+// when m >= 4 or m <= -25.5. Rows in between (log-probabilities, small logits) are precise.
+// (Sessions before 30 asked for half an ulp, |Z| >= 8: rows with maxima in [4, 8) summed
+// float64 terms, about four times the fast grade's time a token.)
 // Either way the exponent x - m is taken exactly: in fp32 it rounds by up to 2^-24 |x - m|,
 // an error every token of a tied row repeats, which would put Z ulps away.
 constexpr double kFastUnit = 0x1p52;
 constexpr double kPreciseUnit = 0x1p80;
-constexpr float kFastAtOrAbove = 8.0f;
-constexpr float kFastAtOrBelow = -29.5f;
+constexpr float kFastAtOrAbove = 4.0f;
+constexpr float kFastAtOrBelow = -25.5f;
 
 // The two grades as types, so that a loop over a row is compiled once for each.
 struct Fast {};
@@ -120,9 +126,9 @@ __device__ __forceinline__ float exp_times_2p52(float d) {
 // fixed_term(x, m, Fast{}).lo for a bf16 or fp16 value x with fp32(x - m) <= -3, in fewer
 // instructions and no branch, bit for bit:
 //  * the subtraction's error by Fast2Sum, x - (d + m) (2 adds for TwoSum's 5). Fast2Sum is
-//    exact when |m| >= |x|. Otherwise x < -|m| and, in the fast grade (|m| >= 8), d itself
+//    exact when |m| >= |x|. Otherwise x < -|m| and, in the fast grade (|m| >= 4), d itself
 //    is exact (then both give 0) unless x's exponent exceeds m's by 16 (bf16; 13 for fp16),
-//    where d < -2^15 * 8 and the term is 0 anyway.
+//    where d < -2^15 * 4 and the term is 0 anyway.
 //  * the term at or below kZeroAtOrBelow selected to 0 after it is computed, where
 //    fixed_term returns early (a -inf x makes the error NaN, which the select drops).
 __device__ __forceinline__ unsigned long long far_term16(float x, float m) {
@@ -141,10 +147,11 @@ __device__ __forceinline__ unsigned long long far_term16_exact(float x, float m)
 }
 
 // A magnitude from which every value x of a 16-bit type (P significant bits) whose term
-// counts (x - m > -40) has an exact fp32 difference with m (m's exponent e, |m| >= 8):
-// 2^(e - (21 - P)). Such a difference is under 40 < 2^(e + 3) in size and a multiple of
+// counts (x - m > -40) has an exact fp32 difference with m (m's exponent e, |m| >= 4):
+// 2^(e - (21 - P)). Such a difference is under 40 < 2^(e + 4) in size and a multiple of
 // the smaller operand's unit, 2^(e' - P + 1) for x's exponent e' < e (m's own, 2^(e - P + 1),
-// when e' >= e): at most e - e' + P + 2 <= 23 significant bits. A run with a value below
+// when e' >= e): at most e - e' + P + 3 <= 24 significant bits, as many as fp32 holds
+// (e = 2, |m| in [4, 8), is the one exponent that needs the 24th). A run with a value below
 // it (zero included) takes far_term16; a difference of -40 or less rounds to a difference
 // of -40 or less either way, whose term both give as 0.
 template <int P>

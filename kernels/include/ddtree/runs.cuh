@@ -37,21 +37,24 @@ __device__ __forceinline__ bool reads_in_runs(const T* row, long long stride) {
 // not latency), and one(id, x) on the tokens after the last whole run. Visit order
 // unspecified. Four suit a pass with work per run; a pass that only takes a maximum waits
 // on memory alone and keeps eight in flight.
-template <int kUnroll = 4, typename T, typename Run, typename One>
+template <int kUnroll = 4, bool kLastRead = false, typename T, typename Run, typename One>
 __device__ __forceinline__ void for_each_run(const T* __restrict__ row, int V, Run&& run,
                                              One&& one) {
   const int step = blockDim.x;
   const int nvec = V / kRun<T>;
   const uint4* vrow = reinterpret_cast<const uint4*>(row);
+  // A row's last read streams (evict first): its lines are not read again, so L2 keeps
+  // the rows whose second read is still to come.
+  const auto load = [&](int i) { return kLastRead ? __ldcs(vrow + i) : __ldg(vrow + i); };
   int i = threadIdx.x;
   for (; i + (kUnroll - 1) * step < nvec; i += kUnroll * step) {
     uint4 v[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) v[u] = __ldg(vrow + i + u * step);
+    for (int u = 0; u < kUnroll; ++u) v[u] = load(i + u * step);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) run((i + u * step) * kRun<T>, v[u]);
   }
-  for (; i < nvec; i += step) run(i * kRun<T>, __ldg(vrow + i));
+  for (; i < nvec; i += step) run(i * kRun<T>, load(i));
   for (int id = nvec * kRun<T> + threadIdx.x; id < V; id += step) one(id, to_f32(row[id]));
 }
 
