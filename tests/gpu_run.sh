@@ -7,7 +7,8 @@
 # through the portable kernel that compute capability 9.0 otherwise skips; "attention-sm120"
 # the same bench at sm_120's occupancy (DDTREE_ATTENTION=sm120); "attention-ab" times
 # ddtree's attention alone with two builds, WHEELS and WHEELS_B, in turn (tests/attention_ab.py),
-# and "build-ab" the build bench (BENCH_ARGS) the same way; "sampling" times sampled against
+# "build-ab" the build bench (BENCH_ARGS) the same way, and "accept-ab" the accept bench
+# (SAMPLING_ARGS); "sampling" times sampled against
 # greedy accept, the shortlist's draw against sample_row's (and WHEELS_B's, when set);
 # "host" times the host side of each Stepper call; "tp" the vocab-parallel build on CUDA
 # (tests; with two GPUs, `bench --vocab-parallel --device cuda`); "parts" breaks one attention shape's
@@ -198,6 +199,14 @@ for step in $STEPS; do
         echo "cases whose log-probs or tree moved, A against B: $(diff \
             <(grep '\[all\]' "$OUT/digest-A.txt" | sort -u) \
             <(grep '\[all\]' "$OUT/digest-B.txt" | sort -u) | grep -c '^<')"
+        install_wheel "${WHEELS:-wheels}" || status=1 ;;
+    accept-ab)
+        # The accept bench (tests/gpu_sampling_bench.py, SAMPLING_ARGS: greedy and sampled
+        # accepts on flat, llm and deep target rows) with WHEELS (A), WHEELS_B (B) and any in
+        # WHEELS_MORE (C, ...) in turn, AB_PASSES (default 2) passes each, into
+        # accept-A.txt, accept-B.txt, ...; A is installed again for the steps after.
+        ab_runs accept python3 tests/gpu_sampling_bench.py ${SAMPLING_ARGS:-}
+        tail -n 11 "$OUT"/accept-?.txt
         install_wheel "${WHEELS:-wheels}" || status=1 ;;
     sampling)
         # Sampled accept against greedy (tests/gpu_sampling_bench.py, SAMPLING_ARGS): draws by
