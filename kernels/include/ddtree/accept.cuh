@@ -166,7 +166,9 @@ __device__ void accept_request(const T* logits, long long s1, long long s2, int 
       if (token != kDrawBySampleRow) return token;
       return sample_row(slice, temperature, top_k, top_p, V, draws, cl);
     }
-    return argmax_token(row_argmax_key(Slice<T>{slice.row, s2, lo, hi, nullptr, false}, cl));
+    constexpr int kBatch = kSampling ? kAcceptLoadBatch : kGreedyLoadBatch;
+    return argmax_token(
+        row_argmax_key<T, kBatch>(Slice<T>{slice.row, s2, lo, hi, nullptr, false}, cl));
   };
   walk_request(links, out, b, path_len, rank == 0, posterior, s);
   cg::this_cluster().sync();  // no block leaves while another may read its shared memory

@@ -27,6 +27,9 @@ constexpr int kAcceptLoadBatch = 1;
 #else
 constexpr int kAcceptLoadBatch = 4;
 #endif
+// The greedy kernel's argmax (no sampling code beside it): a block's slice at V = 151936
+// is 9.3 loads a thread, so eight in flight read it in two round trips, not three.
+constexpr int kGreedyLoadBatch = 8;
 // Draw keys a thread, a warp, a block and a cluster keep (shortlist.cuh): every warp's fit
 // one warp's lanes, as do every block's.
 constexpr int kShortlist = 4;
@@ -228,12 +231,12 @@ __device__ __forceinline__ void hist_add(uint64_t* hist, uint32_t* cnt, int digi
 // (then every token ties at -inf, NaN counting as -inf, and the answer is id 0). Each thread
 // keeps its first largest value (it visits ids in increasing order); a vector chunk costs
 // one max per element, and is searched for its first maximum only when it beats the best.
-template <typename T>
+template <typename T, int kBatch = kAcceptLoadBatch>
 __device__ uint64_t row_argmax_key(const Slice<T>& slice, Cluster& cl) {
   constexpr int kVec = 16 / sizeof(T);
   float best = -INFINITY;
   int at = -1;
-  slice.visit(
+  slice.template visit<kBatch>(
       [&](int first, const uint4& v) {
         const T* e = reinterpret_cast<const T*>(&v);
         float top = to_f32(e[0]);
