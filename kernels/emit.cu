@@ -2,16 +2,17 @@
 #include "ddtree/emit.cuh"
 #include "ddtree/params.h"
 
-// One block per request.
+// emit_parts(Q) blocks per request.
 extern "C" __global__ void __launch_bounds__(256)
     ddtree_emit(const __grid_constant__ ddtree::BuildParams p) {
   __shared__ short s_parent[1024];
-  const int b = blockIdx.x;
   const int q = p.budget + 1;
+  const int parts = ddtree::emit_parts(q);
+  const int b = blockIdx.x / parts, part = blockIdx.x % parts;
   const long long row = static_cast<long long>(b) * q;
   const int words = (q + 31) / 32;
   const ddtree::TreePtrs& t = p.out;
-  ddtree::emit_request(p.roots[b], p.prefix[b] < 0 ? 0 : p.prefix[b], q, t.depths + row,
+  ddtree::emit_request(p.roots[b], p.prefix[b] < 0 ? 0 : p.prefix[b], q, part, t.depths + row,
                        t.parents + row, t.verify_ids + row, t.positions + row,
                        t.ancestor_bits + static_cast<long long>(b) * q * words, s_parent);
 }

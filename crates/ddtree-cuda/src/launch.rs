@@ -21,6 +21,15 @@ pub const SELECT_THREADS: u32 = 512;
 pub const SELECT_STORE_CAP: usize = 4096;
 /// Threads per block of the emit and mask kernels.
 pub const EMIT_THREADS: u32 = 256;
+/// Verify slots whose ancestor rows one emit block fills (`kEmitRows`).
+pub const EMIT_ROWS: usize = 128;
+
+/// Emit blocks a request, each filling the ancestor rows of EMIT_ROWS slots (mirror of
+/// `emit_parts` in `emit.cuh`): a request of Q = 1024 spreads its 32k (row, word) pairs over
+/// eight blocks instead of one.
+pub fn emit_parts(q: usize) -> u32 {
+    q.div_ceil(EMIT_ROWS) as u32
+}
 
 /// Threads of a stage-1 block where two share an SM (`launch::candidate_threads`).
 pub const CANDIDATE_HALF_THREADS: u32 = CANDIDATE_THREADS / 2;
@@ -161,6 +170,19 @@ pub fn select_smem_bytes(budget: usize, depth: usize, k: usize, cache_lp: bool) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn emit_parts_cover_every_slot_once() {
+        for q in [1, 2, 64, 128, 129, 256, 1024] {
+            let parts = emit_parts(q) as usize;
+            assert!(
+                parts * EMIT_ROWS >= q && (parts - 1) * EMIT_ROWS < q,
+                "q = {q}"
+            );
+        }
+        assert_eq!(emit_parts(64), 1);
+        assert_eq!(emit_parts(1024), 8);
+    }
 
     fn shape(budget: usize, k: usize) -> BuildShape {
         BuildShape {

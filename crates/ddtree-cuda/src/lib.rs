@@ -360,7 +360,7 @@ pub(crate) fn build_kernels(
             STAGE_EMIT,
             "cuLaunchKernel(emit)",
             dev.emit,
-            bs,
+            bs * launch::emit_parts(shape.budget + 1),
             EMIT_THREADS,
             0,
         ),

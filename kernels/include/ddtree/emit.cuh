@@ -5,25 +5,32 @@
 
 namespace ddtree {
 
-// One request. Thread t fills (slot, word) pairs: word w of slot i holds bits 32w..32w+31
-// of "j is i or an ancestor of i", found by walking the parent chain in shared memory.
-__device__ void emit_request(long long root, long long prefix_len, int q,
+// Verify slots whose ancestor rows one block fills; a request's rows are spread over
+// emit_parts(Q) blocks (launch.rs mirrors both).
+constexpr int kEmitRows = 128;
+__host__ __device__ constexpr int emit_parts(int q) { return (q + kEmitRows - 1) / kEmitRows; }
+
+// Part `part` of one request: slots [part * kEmitRows, +kEmitRows). Thread t fills (slot,
+// word) pairs: word w of slot i holds bits 32w..32w+31 of "j is i or an ancestor of i",
+// found by walking the parent chain in shared memory. A parent's index is below its child's
+// (nodes are numbered best-first; pad slots have none), so the walk for word w stops at
+// the first ancestor below 32w. Part 0 also writes the root's verify id.
+__device__ void emit_request(long long root, long long prefix_len, int q, int part,
                              const long long* __restrict__ depths,
                              const long long* __restrict__ parents,
                              long long* __restrict__ verify_ids, long long* __restrict__ positions,
                              int* __restrict__ ancestor_bits, short* s_parent) {
-  for (int i = threadIdx.x; i < q; i += blockDim.x) {
-    s_parent[i] = static_cast<short>(parents[i]);
-    positions[i] = prefix_len + depths[i];
-  }
-  if (threadIdx.x == 0) verify_ids[0] = root;
+  for (int i = threadIdx.x; i < q; i += blockDim.x) s_parent[i] = static_cast<short>(parents[i]);
+  const int lo = part * kEmitRows, hi = min(q, lo + kEmitRows);
+  for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) positions[i] = prefix_len + depths[i];
+  if (part == 0 && threadIdx.x == 0) verify_ids[0] = root;
   __syncthreads();
   const int words = (q + 31) / 32;
-  for (int pair = threadIdx.x; pair < q * words; pair += blockDim.x) {
+  for (int pair = lo * words + threadIdx.x; pair < hi * words; pair += blockDim.x) {
     const int i = pair / words, w = pair % words;
     unsigned bits = 0;
-    for (int j = i; j >= 0; j = s_parent[j])
-      if (j / 32 == w) bits |= 1u << (j % 32);
+    for (int j = i; j >= 32 * w; j = s_parent[j])
+      if (j < 32 * (w + 1)) bits |= 1u << (j % 32);
     ancestor_bits[pair] = static_cast<int>(bits);
   }
 }
