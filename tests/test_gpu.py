@@ -230,6 +230,12 @@ def test_the_first_threshold_spares_the_raises(budget, topk, store):
         ((2, 15, 2), 1023),  # 2^d tied paths per depth: the B-th score is tied 1024 ways
         ((2, 15, 3), 255),
         ((1, 4, 1000), 1023),
+        # small budgets: ties at the B-th score settled by the store's ranks
+        ((2, 15, 2), 127),
+        ((2, 3, 64), 127),
+        ((2, 15, 3), 63),
+        ((3, 4, 1000), 31),
+        ((2, 2, 7), 20),
     ],
 )
 def test_selection_through_ties(shape, budget):
@@ -243,6 +249,25 @@ def test_selection_through_ties(shape, budget):
         gpu = ddtree.build_tree(gx, groots, gprefix, budget=budget)
         compare(cpu, gpu, x, roots, prefix, budget)
         assert_same_tree(gpu, tree_with_stages(gx, groots, gprefix, budget, None, 7 | 8))
+
+
+@pytest.mark.parametrize("budget", [3, 40, 127, 200])
+def test_negative_zero_scores_keep_their_sign(budget):
+    """Rows whose one finite token is -0.0 have Z = 0 and LP = -0.0, so the paths through
+    them score -0.0 (SPEC's float64 sums: -0.0 + -0.0). Selection keys order -0.0 with 0.0,
+    but the scores written out keep the sign, on the CPU path and in both selections."""
+    x = torch.full((2, 3, 500), float("-inf"), dtype=torch.float32)
+    x[:, :, 7] = -0.0
+    x[1, 1, 9] = 0.0  # a +0.0 beside it at depth 2 of request 1: two children tie at 0
+    x[0, 2, :] = torch.linspace(-3.0, 0.0, 500)  # an ordinary row below two -0.0 rows
+    roots = torch.tensor([1, 2])
+    prefix = torch.tensor([0, 5])
+    cpu = ddtree.build_tree(x, roots, prefix, budget=budget)
+    gx, groots, gprefix = x.to(DEV), roots.to(DEV), prefix.to(DEV)
+    gpu = ddtree.build_tree(gx, groots, gprefix, budget=budget)
+    assert compare(cpu, gpu, x, roots, prefix, budget) == 0
+    assert (cpu.scores[:, 1].view(torch.int64) == -(2**63)).all()  # -0.0's bits
+    assert_same_tree(gpu, tree_with_stages(gx, groots, gprefix, budget, None, 7 | 8))
 
 
 def test_full_mask_equals_the_cpu_path():
