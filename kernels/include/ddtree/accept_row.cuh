@@ -22,14 +22,16 @@ constexpr int kMinAcceptBlocks = 4;      // per SM: 64 requests' clusters reside
 // Vector loads a thread issues before using them. sm_120's register allocation spills the
 // sampling passes under 64 registers with any batch (ptxas -v), so it loads one at a time
 // there; sm_90, where this is measured, keeps 4 in flight without spilling.
+// The greedy kernel's argmax (no sampling code beside it) keeps eight in flight on sm_90: a
+// block's slice at V = 151936 is 9.3 loads a thread, read in two round trips, not three
+// (sm_120's ptxas spills it at eight, so it keeps its one).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
 constexpr int kAcceptLoadBatch = 1;
+constexpr int kGreedyLoadBatch = 1;
 #else
 constexpr int kAcceptLoadBatch = 4;
-#endif
-// The greedy kernel's argmax (no sampling code beside it): a block's slice at V = 151936
-// is 9.3 loads a thread, so eight in flight read it in two round trips, not three.
 constexpr int kGreedyLoadBatch = 8;
+#endif
 // Draw keys a thread, a warp, a block and a cluster keep (shortlist.cuh): every warp's fit
 // one warp's lanes, as do every block's.
 constexpr int kShortlist = 4;
