@@ -46,6 +46,16 @@ def test_the_sm120_attention_tiles_fit_an_sm120_sm():
             assert frame == 0, f"{where}, {frame} B of frame"
 
 
+def test_the_greedy_accept_kernels_do_not_spill():
+    """The greedy walk's argmax keeps eight loads in flight on sm_90 and one on sm_120, the
+    most each target holds in its 64 registers without a frame (kernels/README.md)."""
+    for arch in (90, 120):
+        kernels = {k[0]: k[1:] for k in cuda.kernel_resources("accept", arch)}
+        for dtype in ("f32", "f16", "bf16"):
+            registers, _, frame, _ = kernels[f"ddtree_accept_{dtype}"]
+            assert registers <= 64 and frame == 0, (arch, dtype, registers, frame)
+
+
 def test_kernel_resources_read_the_cubin_for_each_target():
     for arch in (90, 120):
         ks = cuda.kernel_resources("candidates", arch)
