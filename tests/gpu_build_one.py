@@ -30,16 +30,27 @@ def main() -> None:
         return
     target = peaked_logits(bs, budget + 1, VOCAB, 1, dev) if accept else None
     kw = {"temperature": 1.0, "top_p": 0.9} if accept == "sampled" else {}
-    for i in range(4):  # three warm-ups, then the profiled call (ncu --profile-from-start off)
-        if i == 3:
-            torch.cuda.synchronize()
-            torch.cuda.profiler.start()
+
+    def build():
         tree = ddtree.build_tree(x, roots, prefix, budget=budget)
         if accept:
             ddtree.accept_tree(tree, target, **kw)
+        return tree
+
+    print("nodes", profile_fourth(build).num_nodes.float().mean().item())
+
+
+def profile_fourth(call):
+    """Three warm-up calls, then the call Nsight Compute profiles (ncu --profile-from-start
+    off); returns its result."""
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    out = call()
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
-    print("nodes", tree.num_nodes.float().mean().item())
+    return out
 
 
 def best_first(x, roots, prefix, budget: int) -> None:
@@ -49,13 +60,8 @@ def best_first(x, roots, prefix, budget: int) -> None:
     tree = stepper.step(x, roots, prefix)
     scratch = {n: t[: bs * DEPTH] for n, t in stepper._scratch.items()}
     bits = dict(STAGES)["select_best_first"]
-    for i in range(4):
-        if i == 3:
-            torch.cuda.synchronize()
-            torch.cuda.profiler.start()
-        _cuda.launch_build(tree, scratch, x, roots, prefix, budget, min(budget, VOCAB), bits)
-    torch.cuda.synchronize()
-    torch.cuda.profiler.stop()
+    k = min(budget, VOCAB)
+    profile_fourth(lambda: _cuda.launch_build(tree, scratch, x, roots, prefix, budget, k, bits))
     print("best-first selection of", bs, "requests, B =", budget)
 
 
