@@ -36,8 +36,14 @@ __device__ __forceinline__ bool reads_in_runs(const T* row, long long stride) {
 // that reads_in_runs, kUnroll loads in flight per thread (the row is read at memory speed,
 // not latency), and one(id, x) on the tokens after the last whole run. Visit order
 // unspecified. Four suit a pass with work per run; a pass that only takes a maximum waits
-// on memory alone and keeps eight in flight.
-template <int kUnroll = 4, bool kLastRead = false, typename T, typename Run, typename One>
+// on memory alone and keeps eight in flight. kBatchTail: the last batch, of fewer than
+// kUnroll runs a thread, is loaded at once too (predicated), not one run after another,
+// each waiting a memory latency: a short row (a wide cluster block's chunk, 2.3 runs a
+// thread, all in that batch) or a half block's row (5 of its 37 runs a thread in pass 1)
+// paid it on every run. Pass 1 takes it; pass 2's fast loop does not (its terms' registers
+// beside four more runs spilled, ptxas -v: 24 B).
+template <int kUnroll = 4, bool kLastRead = false, bool kBatchTail = false, typename T,
+          typename Run, typename One>
 __device__ __forceinline__ void for_each_run(const T* __restrict__ row, int V, Run&& run,
                                              One&& one) {
   const int step = blockDim.x;
@@ -54,7 +60,19 @@ __device__ __forceinline__ void for_each_run(const T* __restrict__ row, int V, R
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) run((i + u * step) * kRun<T>, v[u]);
   }
-  for (; i < nvec; i += step) run(i * kRun<T>, load(i));
+  if constexpr (!kBatchTail) {
+    for (; i < nvec; i += step) run(i * kRun<T>, load(i));
+  } else if (i < nvec) {
+    uint4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (i + u * step < nvec) v[u] = load(i + u * step);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (i + u * step < nvec) run((i + u * step) * kRun<T>, v[u]);
+    }
+  }
   for (int id = nvec * kRun<T> + threadIdx.x; id < V; id += step) one(id, to_f32(row[id]));
 }
 
