@@ -41,7 +41,8 @@ __device__ __forceinline__ bool reads_in_runs(const T* row, long long stride) {
 // each waiting a memory latency: a short row (a wide cluster block's chunk, 2.3 runs a
 // thread, all in that batch) or a half block's row (5 of its 37 runs a thread in pass 1)
 // paid it on every run. Pass 1 takes it; pass 2's fast loop does not (its terms' registers
-// beside four more runs spilled, ptxas -v: 24 B).
+// beside four more runs spilled, ptxas -v: 24 B), and loading its last runs one ahead
+// instead measured slower at bs = 64 (BENCHMARKS.md session 32).
 template <int kUnroll = 4, bool kLastRead = false, bool kBatchTail = false, typename T,
           typename Run, typename One>
 __device__ __forceinline__ void for_each_run(const T* __restrict__ row, int V, Run&& run,
