@@ -429,7 +429,9 @@ __device__ __forceinline__ void max_pass(const T* __restrict__ row, long long st
     packed_runs = reads_in_runs(row, stride);
     if (packed_runs) {
       PackedMax<T> packed;
-      for_each_run<8, false, true>(row, V, [&](int, const uint4& v) { packed.add(v); }, one);
+      constexpr bool kLastRead = false, kBatchTail = true;
+      for_each_run<8, kLastRead, kBatchTail>(
+          row, V, [&](int, const uint4& v) { packed.add(v); }, one);
       mx[0] = fmaxf(mx[0], to_f32(packed.max.x));
       mx[1] = fmaxf(mx[1], to_f32(packed.max.y));
       bad |= packed.bad() ? 1 : 0;
