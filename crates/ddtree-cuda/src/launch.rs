@@ -182,6 +182,9 @@ mod tests {
         }
         assert_eq!(emit_parts(64), 1);
         assert_eq!(emit_parts(1024), 8);
+        // The grid's parts must be the kernel's: fewer would leave ancestor rows unwritten.
+        let header = include_str!("../../../kernels/include/ddtree/emit.cuh");
+        assert!(header.contains(&format!("kEmitRows = {EMIT_ROWS};")));
     }
 
     fn shape(budget: usize, k: usize) -> BuildShape {
