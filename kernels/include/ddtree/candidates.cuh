@@ -521,12 +521,16 @@ __device__ __forceinline__ void fast_runs(const T* __restrict__ row, int V, floa
       },
       one);
   __syncthreads();  // every run queued
-  const int queued = min(s.defer_count, kDeferCap);
-  const uint4* vrow = reinterpret_cast<const uint4*>(row);
-  for (int j = threadIdx.x; j < queued; j += blockDim.x) {
-    const int id0 = s.deferred[j];
-    sum.total = add128(sum.total, rare_run<T>(id0, __ldg(vrow + id0 / kRun<T>), shift, floor_key,
-                                              least, s));
+  // The queued runs' tokens, one a thread: every token's term is fixed_term's (any_run's
+  // routes give its bits), so the sum is the same. A run done whole by one thread (eight
+  // float64 terms in a row near the maximum) held its block at the next barrier: 17 % of
+  // the wide cluster's stall samples at bs = 1 (BENCHMARKS.md session 32).
+  const int tokens = min(s.defer_count, kDeferCap) * kRun<T>;
+  for (int t = threadIdx.x; t < tokens; t += blockDim.x) {
+    const int id = s.deferred[t / kRun<T>] + t % kRun<T>;
+    const float x = to_f32(row[id]);
+    collect_token(s, floor_key, id, x);
+    sum.total = add128(sum.total, fixed_term(x, shift, Fast{}));
   }
 }
 
