@@ -65,10 +65,14 @@ struct U128 {
   unsigned long long lo, hi;
 };
 
+// One carry chain (add.cc / addc: four 32-bit adds in SASS). Written as a compare of the
+// low words, the carry cost a compare, a select and two more adds: about nine instructions
+// for every run of pass 2's fast loop, a twelfth of its instructions.
 __device__ __forceinline__ U128 add128(U128 a, U128 b) {
   U128 r;
-  r.lo = a.lo + b.lo;
-  r.hi = a.hi + b.hi + (r.lo < a.lo ? 1ull : 0ull);
+  asm("add.cc.u64 %0, %2, %4;\n\taddc.u64 %1, %3, %5;"
+      : "=l"(r.lo), "=l"(r.hi)
+      : "l"(a.lo), "l"(a.hi), "l"(b.lo), "l"(b.hi));
   return r;
 }
 

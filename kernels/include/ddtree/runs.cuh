@@ -115,6 +115,19 @@ __device__ __forceinline__ void unpack_run(const uint4& v, float (&x)[kRun<T>]) 
   for (int j = 0; j < kRun<T>; ++j) x[j] = to_f32(e[j]);
 }
 
+// bf16 is fp32's top half, so a word's two values are its bits shifted and masked: one
+// instruction a value (the generic upcast took two for every odd token: a byte permute,
+// then a shift).
+template <>
+__device__ __forceinline__ void unpack_run<__nv_bfloat16>(const uint4& v, float (&x)[8]) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    x[2 * k] = __uint_as_float(w[k] << 16);
+    x[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+  }
+}
+
 template <typename T>
 __device__ __forceinline__ typename PairOf<T>::type pair_at(const uint4& v, int w) {
   const uint32_t word = w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w;
