@@ -115,11 +115,16 @@ __device__ __forceinline__ void unpack_run(const uint4& v, float (&x)[kRun<T>]) 
   for (int j = 0; j < kRun<T>; ++j) x[j] = to_f32(e[j]);
 }
 
-// bf16 is fp32's top half, so a word's two values are its bits shifted and masked: one
-// instruction a value (the generic upcast took two for every odd token: a byte permute,
-// then a shift).
+// unpack_run for the far terms' loop: bf16 is fp32's top half, so a word's two values are
+// its bits shifted and masked, one instruction a value (the generic upcast took two for
+// every odd token: a byte permute, then a shift). Only there: taken everywhere, it cost
+// the clustered kernel a 4-byte spill (ptxas -v, sm_90).
+template <typename T>
+__device__ __forceinline__ void unpack_far(const uint4& v, float (&x)[kRun<T>]) {
+  unpack_run<T>(v, x);
+}
 template <>
-__device__ __forceinline__ void unpack_run<__nv_bfloat16>(const uint4& v, float (&x)[8]) {
+__device__ __forceinline__ void unpack_far<__nv_bfloat16>(const uint4& v, float (&x)[8]) {
   const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
@@ -214,11 +219,11 @@ struct TermSum {
     unsigned long long run = 0;
     float x[kRun<T>];  // unpacked in each branch: hoisted, the loop compiles differently
     if (exact) {
-      unpack_run<T>(v, x);
+      unpack_far<T>(v, x);
 #pragma unroll
       for (int j = 0; j < kRun<T>; ++j) run += far_term16_exact(x[j], m);
     } else {
-      unpack_run<T>(v, x);
+      unpack_far<T>(v, x);
 #pragma unroll
       for (int j = 0; j < kRun<T>; ++j) run += far_term16(x[j], m);
     }
