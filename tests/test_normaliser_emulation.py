@@ -1,9 +1,10 @@
 """The GPU's stage-1 normaliser (kernels/include/ddtree/fixed_sum.cuh), emulated in numpy, on
 rows built to break it: its error analysis checked without a GPU.
 
-numpy's float64 `exp` stands in for CUDA's `exp` and its float32 `exp` for `expf` (each
-within the 1 and 2 ulp CUDA documents), so this checks the design — the two grades, the
-exact exponent, the integer units — not the kernel's bits; the GPU tests (tests/test_gpu.py,
+numpy's float64 `exp` stands in for CUDA's `exp`, and the far terms' `exp_units` is followed
+step by step with numpy's float64 `exp2`, rounded to float32, for the hardware's `ex2` (within
+the 1 and 2 ulp CUDA documents for `exp` and `exp2f`), so this checks the design — the two
+grades, the exact exponent, the reduced argument, the integer units — not the kernel's bits; the GPU tests (tests/test_gpu.py,
 `test_z_within_one_ulp_where_it_is_small`) check those. The emulation also keeps the
 fp32 exponent the kernel used before session 20, to show these rows fail it.
 """
@@ -46,14 +47,30 @@ def two_sum_error(x: np.ndarray, m: F32, d: np.ndarray) -> np.ndarray:
     return ((x - (d - bb)).astype(F32) + (F32(-m) - bb)).astype(F32)
 
 
-def expf(d: np.ndarray, ulps: int) -> np.ndarray:
-    """numpy's float32 exp moved `ulps` ulps (toward +inf if positive): CUDA's expf is
-    within 2 ulp, so ulps = +-2 is its worst case on every term at once."""
-    t = np.exp(d)
+def ex2(f: np.ndarray, ulps: int) -> np.ndarray:
+    """2^f rounded to float32, then moved `ulps` ulps (toward +inf if positive): the
+    hardware's ex2 is within 2 ulp, so ulps = +-2 is its worst case on every term at once."""
+    t = np.exp2(f.astype(np.float64)).astype(F32)
     toward = F32(np.inf) if ulps > 0 else F32(0)
     for _ in range(abs(ulps)):
         t = np.nextafter(t, toward)
     return t
+
+
+LOG2E_HI = F32(float.fromhex("0x1.715476p+0"))
+LOG2E_LO = F32(float.fromhex("0x1.4ae0c0p-26"))
+
+
+def exp_units(d: np.ndarray, ulps: int) -> np.ndarray:
+    """fixed_sum.cuh's exp_units, e^d * 2^52 as a float64 (exact: a float32 times a power of
+    two): d taken at -64 at least, j = d log2(e) to the nearest integer (even on a tie, as
+    the kernel's magic-number fma), f = d log2(e) - j by two fmas (each product exact in
+    float64), ex2(f) `ulps` off, times 2^(j + 52)."""
+    c = np.maximum(d, F32(-64)).astype(np.float64)
+    j = np.rint(c * np.float64(LOG2E_HI))
+    f = (c * np.float64(LOG2E_HI) - j).astype(F32)
+    f = (c * np.float64(LOG2E_LO) + f.astype(np.float64)).astype(F32)
+    return ex2(f, ulps).astype(np.float64) * np.exp2(j + 52.0)
 
 
 def fast_sum(
@@ -61,7 +78,7 @@ def fast_sum(
 ) -> tuple[int, float]:
     """Float64 terms within 3 of the maximum, fp32 terms below, in units of 2^-52; the fp32
     difference's rounding error folded back (TwoSum), unless `fp32_exponent` (the old way);
-    the fp32 exp `ulps` ulps off (`expf`)."""
+    the hardware's ex2 `ulps` ulps off (`exp_units`)."""
     with np.errstate(invalid="ignore", over="ignore"):
         d = (x - m).astype(F32)
         near = d > F32(-3)
@@ -69,11 +86,11 @@ def fast_sum(
         err = two_sum_error(x, m, d)
         if fp32_exponent:
             err = np.zeros_like(err)
-        t = expf(d, ulps).astype(np.float64)
+        t = exp_units(d, ulps)
         t = (t + t * err.astype(np.float64)).astype(F32)  # fmaf: one rounding
     units = np.zeros(x.shape, np.float64)
     units[near] = np.rint(np.exp(d[near] if fp32_exponent else exact[near]) * 2.0**52)
-    units[far] = np.rint(t[far].astype(np.float64) * 2.0**52)
+    units[far] = np.rint(t[far].astype(np.float64))
     return big_sum(units), 2.0**52
 
 
@@ -121,7 +138,7 @@ def test_the_header_and_the_bench_name_the_same_grade_edges():
 @pytest.mark.parametrize("top", [None, 3.9, 4.0, 5.5, 7.9, 12.0, -25.0, -25.5, -30.0])
 def test_every_row_keeps_z_within_one_ulp(top):
     """The precise grade (log-prob rows, 3.9, -25) and the fast grade at its edges (4.0,
-    -25.5) and inside it, with CUDA's expf at its documented worst, 2 ulp, on every far
+    -25.5) and inside it, with the hardware's ex2 at its documented worst, 2 ulp, on every far
     term at once, both ways."""
     for row in rows(top, seed=5):
         for ulps in (-2, 0, 2):
@@ -129,7 +146,7 @@ def test_every_row_keeps_z_within_one_ulp(top):
 
 
 def test_the_fast_grade_misses_below_its_edge():
-    """Why the grade is chosen by |Z|: with expf 2 ulp off on every far term, rows whose
+    """Why the grade is chosen by |Z|: with ex2 2 ulp off on every far term, rows whose
     maximum is -5 (precise; Z from about -5 to 2, its ulp down to 2^-24 and less) summed
     in the fast grade land many ulps away."""
     for ulps in (-2, 2):

@@ -11,11 +11,12 @@ namespace ddtree {
 // A row's terms are added in one of two fixed-point grades, chosen by its maximum m alone
 // (the same on every part and rank, so every split still sums the same integers):
 //  * fast: units of 2^-52; within 3 of the max a float64 exp, further below it an fp32
-//    expf (2 ulp) with the fp32 subtraction's rounding error folded back in. Each term is
-//    then within 1.25 * 2^-22 of itself plus half a unit, and the terms at or below
+//    exp of our own (exp_units: the special-function unit's ex2, 2 ulp, of a reduced
+//    argument) with the fp32 subtraction's rounding error folded back in. Each term is
+//    then within 1.34 * 2^-22 of itself plus half a unit, and the terms at or below
 //    kZeroAtOrBelow, dropped, add under e^-40 each; the sum is at least 1 (the maximum's
-//    term), so for V < 2^30 the sum is within 0.45 * 2^-20 of itself, relatively, and Z
-//    within 0.45 * 2^-20 absolute. Under one ulp of Z wherever |Z| >= 4 (an ulp there is
+//    term), so for V < 2^30 the sum is within 0.47 * 2^-20 of itself, relatively, and Z
+//    within 0.47 * 2^-20 absolute. Under one ulp of Z wherever |Z| >= 4 (an ulp there is
 //    at least 2^-21): then fp32(Z) is at most one ulp from the reference's, the most
 //    SPEC allows.
 //  * precise: units of 2^-80 and every term a float64 exp (1 ulp), as the Rust CPU path
@@ -97,6 +98,27 @@ __device__ __forceinline__ U128 fixed_term(float x, float m, Precise) {
   return exact > -60.0 ? precise_units(exp(exact)) : U128{0ull, 0ull};
 }
 
+// e^d * 2^52 for d <= -3 (callers pass no more), from the special-function unit's ex2
+// (2 ulp, as CUDA documents exp2f) of a reduced argument: j = d log2(e) rounded to an
+// integer, f = d log2(e) - j in [-1/2, 1/2] by two fmas with log2(e) as a float pair
+// (each rounds by at most 2^-26: 0.09 * 2^-22 relatively once raised), and 2^(j + 52)
+// added to ex2(f)'s exponent field as an integer. So each term is within 1.09 * 2^-22
+// of e^d * 2^52. Below -64, d is taken as -64: 2^(j + 52) stays a normal float, and a
+// term there, like every term at or below kZeroAtOrBelow, is under half a unit (0.02),
+// which rounds to 0. It replaced CUDA's expf (sessions 30-33), whose reduction took
+// three more instructions a token; the kernel's far terms are most of stage 1's.
+__device__ __forceinline__ float exp_units(float d) {
+  constexpr float kMagic = 12582912.0f + 52.0f;  // 1.5 * 2^23 + 52
+  const float c = fmaxf(d, -64.0f);
+  const float jm = __fmaf_rn(c, 0x1.715476p+0f, kMagic);  // kMagic + j: j in its low bits
+  const float j = __fadd_rn(jm, -kMagic);
+  const float f = __fmaf_rn(c, 0x1.4ae0c0p-26f, __fmaf_rn(c, 0x1.715476p+0f, -j));
+  float e;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(f));
+  // jm's low bits are 52 + j (mod 2^9 once shifted: 0x400000 << 23 leaves the word).
+  return __uint_as_float(__float_as_uint(e) + (__float_as_uint(jm) << 23));
+}
+
 __device__ __forceinline__ U128 fixed_term(float x, float m, Fast) {
   const float d = x - m;
   if (d > kNearBelowMax) {
@@ -105,26 +127,8 @@ __device__ __forceinline__ U128 fixed_term(float x, float m, Fast) {
   }
   if (!(d > kZeroAtOrBelow)) return {0ull, 0ull};  // under half a unit (and -inf)
   const float err = two_diff_error(x, m, d);
-  const float t = expf(d);
-  return {__float2ull_rn(fmaf(t, err, t) * static_cast<float>(kFastUnit)), 0ull};
-}
-
-// expf(d) * 2^52, bit for bit, one instruction fewer: CUDA's expf (d log2(e) split into an
-// integer j and a rest f, ex2 of f by the special-function unit, times 2^j built from j's
-// bits) with 2^52 added to j's exponent instead of a second product. Both products are
-// exact while 2^(j + 52) ex2(f) is a normal float: for every d in (-87, 0] (callers pass
-// d <= -3; above about 52 the shifted exponent would overflow into the sign bit), and -inf
-// gives 0, as expf does: its saturated j keeps the scale finite.
-__device__ __forceinline__ float exp_times_2p52(float d) {
-  const float t = __saturatef(__fmaf_rn(d, 0x1.77313ap-8f, 0.5f));  // d log2(e) / 252 + 1/2
-  const float jm = __fmaf_rd(t, 252.0f, 12582913.0f);  // 1.5 * 2^23 + 1 + floor(252 t)
-  const float j = __fadd_rn(jm, -12583039.0f);        // floor(252 t) - 126
-  const float f = __fmaf_rn(d, 0x1.4ae0c0p-26f, __fmaf_rn(d, 0x1.715476p+0f, -j));
-  float e;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(f));
-  // jm's low bits are j + 127, so shifted into the exponent field they are 2^j.
-  const float scale = __uint_as_float((__float_as_uint(jm) << 23) + (52u << 23));
-  return scale * e;
+  const float t = exp_units(d);  // the fma scales exactly with it
+  return {__float2ull_rn(fmaf(t, err, t)), 0ull};
 }
 
 // fixed_term(x, m, Fast{}).lo for a bf16 or fp16 value x with fp32(x - m) <= -3, in fewer
@@ -138,7 +142,7 @@ __device__ __forceinline__ float exp_times_2p52(float d) {
 __device__ __forceinline__ unsigned long long far_term16(float x, float m) {
   const float d = x - m;
   const float err = x - (d + m);
-  const float t = exp_times_2p52(d);  // expf(d) * 2^52; the fma scales exactly with it
+  const float t = exp_units(d);
   const float units = fmaf(t, err, t);
   return __float2ull_rn(d > kZeroAtOrBelow ? units : 0.0f);
 }
@@ -147,7 +151,7 @@ __device__ __forceinline__ unsigned long long far_term16(float x, float m) {
 // t), in 3 fewer instructions and no select: at or below kZeroAtOrBelow, and for -inf, the
 // units are under one half (e^-40 * 2^52 < 0.02), which rounds to the select's 0.
 __device__ __forceinline__ unsigned long long far_term16_exact(float x, float m) {
-  return __float2ull_rn(exp_times_2p52(x - m));
+  return __float2ull_rn(exp_units(x - m));
 }
 
 // A magnitude from which every value x of a 16-bit type (P significant bits) whose term
