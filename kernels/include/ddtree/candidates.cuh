@@ -521,16 +521,15 @@ __device__ __forceinline__ void fast_runs(const T* __restrict__ row, int V, floa
       },
       one);
   __syncthreads();  // every run queued
-  // The queued runs' tokens, one a thread: every token's term is fixed_term's (any_run's
-  // routes give its bits), so the sum is the same. A run done whole by one thread (eight
-  // float64 terms in a row near the maximum) held its block at the next barrier: 17 % of
-  // the wide cluster's stall samples at bs = 1 (BENCHMARKS.md session 32).
+  // The queued runs' tokens, one a thread, through `one` (the per-token term and collect,
+  // fixed_term's bits, which any_run's routes give too), so the sum is the same. A run done
+  // whole by one thread (eight float64 terms in a row near the maximum) held its block at
+  // the next barrier: 17 % of the wide cluster's stall samples at bs = 1 (BENCHMARKS.md
+  // session 32).
   const int tokens = min(s.defer_count, kDeferCap) * kRun<T>;
   for (int t = threadIdx.x; t < tokens; t += blockDim.x) {
     const int id = s.deferred[t / kRun<T>] + t % kRun<T>;
-    const float x = to_f32(row[id]);
-    collect_token(s, floor_key, id, x);
-    sum.total = add128(sum.total, fixed_term(x, shift, Fast{}));
+    one(id, to_f32(row[id]));
   }
 }
 
