@@ -138,10 +138,13 @@ for step in $STEPS; do
         cat "$OUT/sglang-bench.txt" ;;
     ncu-build)
         # Where a build's (and an accept's) time goes: Nsight Compute on one call of each
-        # NCU_SHAPES entry BS:B[:greedy|sampled], its sections and its hottest SASS lines.
+        # NCU_SHAPES entry BS:B[:greedy|sampled], its sections and its hottest SASS lines;
+        # NCU_OPTS, more of ncu's options (a kernel filter, "--warp-sampling-interval 0" for a
+        # short kernel's stall samples).
         for shape in ${NCU_SHAPES:-64:255 1:63 64:255:sampled}; do
             IFS=: read -r bs budget acc <<< "$shape"
-            ncu_run "$bs-$budget-${acc:-build}" --profile-from-start off \
+            # shellcheck disable=SC2086
+            ncu_run "$bs-$budget-${acc:-build}" --profile-from-start off ${NCU_OPTS:-} \
                 python3 tests/gpu_build_one.py "$bs" "$budget" $acc
         done
         (cd /tmp && tar -czf "$OUT/ncu-sass.tgz" ncu-*-sass.csv) || status=1
