@@ -64,8 +64,10 @@ def print_phases(rows, header, col, src) -> None:
     found = sorted(phases(texts, samples, executed), key=lambda p: -p[2])[:TOP_PHASES]
     print(f"# the {len(found)} phases (SASS lines first-last, cut at barriers) with most samples")
     for first, last, s, e in found:
-        print(f"{100 * s / total_s:5.1f} % samples {100 * e / total_e:5.1f} % instructions"
-              f"  lines {first}-{last}  ends: {texts[last]}")
+        print(
+            f"{100 * s / total_s:5.1f} % samples {100 * e / total_e:5.1f} % instructions"
+            f"  lines {first}-{last}  ends: {texts[last]}"
+        )
 
 
 def main() -> None:

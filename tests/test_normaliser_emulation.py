@@ -4,8 +4,9 @@ rows built to break it: its error analysis checked without a GPU.
 numpy's float64 `exp` stands in for CUDA's `exp`, and the far terms' `exp_units` is followed
 step by step with numpy's float64 `exp2`, rounded to float32, for the hardware's `ex2` (within
 the 1 and 2 ulp CUDA documents for `exp` and `exp2f`), so this checks the design — the two
-grades, the exact exponent, the reduced argument, the integer units — not the kernel's bits; the GPU tests (tests/test_gpu.py,
-`test_z_within_one_ulp_where_it_is_small`) check those. The emulation also keeps the
+grades, the exact exponent, the reduced argument, the integer units — not the kernel's
+bits; the GPU tests (tests/test_gpu.py, `test_z_within_one_ulp_where_it_is_small`) check
+those. The emulation also keeps the
 fp32 exponent the kernel used before session 20, to show these rows fail it.
 """
 
