@@ -6,8 +6,8 @@ step by step with numpy's float64 `exp2`, rounded to float32, for the hardware's
 the 1 and 2 ulp CUDA documents for `exp` and `exp2f`), so this checks the design — the two
 grades, the exact exponent, the reduced argument, the integer units — not the kernel's
 bits; the GPU tests (tests/test_gpu.py, `test_z_within_one_ulp_where_it_is_small`) check
-those. The emulation also keeps the
-fp32 exponent the kernel used before session 20, to show these rows fail it.
+those. The emulation also keeps the fp32 exponent the kernel used before session 20, to
+show these rows fail it.
 """
 
 from __future__ import annotations
@@ -144,6 +144,20 @@ def test_every_row_keeps_z_within_one_ulp(top):
     for row in rows(top, seed=5):
         for ulps in (-2, 0, 2):
             assert ulps_off(emulated_z(row, ulps=ulps), row) <= 1.0, (top, ulps)
+
+
+def test_exp_units_follows_the_header_and_its_reduction_error_bound():
+    """The emulated exp_units takes the header's steps (its clamp, magic number and log2(e)
+    pair), and with ex2 correctly rounded it is within 0.35 * 2^-22 of e^d * 2^52 on a
+    dense grid of (-40, -3]: half an ulp of ex2's result (0.25) plus the reduced
+    argument's two roundings (0.09), the header's account less ex2's 2 ulp."""
+    header = HEADER.read_text()
+    for step in ("fmaxf(d, -64.0f)", "12582912.0f + 52.0f", "0x1.715476p+0f", "0x1.4ae0c0p-26f"):
+        assert step in header, step
+    d = np.linspace(-40.0, -3.0, 1_000_001).astype(F32)
+    exact = np.exp(d.astype(np.float64)) * 2.0**52
+    assert np.abs(exp_units(d, 0) / exact - 1).max() <= 0.35 * 2.0**-22
+    assert np.abs(exp_units(d, 2) / exact - 1).max() > 2.0**-22  # the bound can fail
 
 
 def test_the_fast_grade_misses_below_its_edge():
