@@ -62,16 +62,37 @@ LOG2E_HI = F32(float.fromhex("0x1.715476p+0"))
 LOG2E_LO = F32(float.fromhex("0x1.4ae0c0p-26"))
 
 
-def exp_units(d: np.ndarray, ulps: int) -> np.ndarray:
-    """fixed_sum.cuh's exp_units, e^d * 2^52 as a float64 (exact: a float32 times a power of
-    two): d taken at -64 at least, j = d log2(e) to the nearest integer (even on a tie, as
-    the kernel's magic-number fma), f = d log2(e) - j by two fmas (each product exact in
-    float64), ex2(f) `ulps` off, times 2^(j + 52)."""
+def exp_units(d: np.ndarray, ulps: int, bits: int = 52) -> np.ndarray:
+    """fixed_sum.cuh's exp_units<bits>, e^d * 2^bits as a float64 (exact: a float32 times a
+    power of two): d taken at -64 at least, j = d log2(e) to the nearest integer (even on a
+    tie, as the kernel's magic-number fma), f = d log2(e) - j by two fmas (each product
+    exact in float64), ex2(f) `ulps` off, times 2^(j + bits)."""
     c = np.maximum(d, F32(-64)).astype(np.float64)
     j = np.rint(c * np.float64(LOG2E_HI))
     f = (c * np.float64(LOG2E_HI) - j).astype(F32)
     f = (c * np.float64(LOG2E_LO) + f.astype(np.float64)).astype(F32)
-    return ex2(f, ulps).astype(np.float64) * np.exp2(j + 52.0)
+    return ex2(f, ulps).astype(np.float64) * np.exp2(j + bits)
+
+
+def header_constant(name: str) -> float:
+    """A numeric constant of fixed_sum.cuh (`name = value` or `name = valuef;`)."""
+    return float(re.search(name + r" = ([-\d.]+)f?;", HEADER.read_text()).group(1))
+
+
+ABSOLUTE_BITS = 48
+ABSOLUTE_RANGE = (6.0, 33.0)  # kAbsoluteFrom, kAbsoluteTo
+ABSOLUTE_EXP_ABOVE = 11.0
+ABSOLUTE_RUN_BELOW = 9.0
+
+
+def absolute_sum(x: np.ndarray, ulps: int = 0) -> tuple[int, float]:
+    """The absolute grade: every term e^x * 2^48 to the nearest integer, no maximum taken;
+    at or below 11 exp_units<48> `ulps` off, above it a float64 exp (there an integer
+    already: its ulp is 2^11 or more)."""
+    small = x <= F32(ABSOLUTE_EXP_ABOVE)
+    units = np.rint(exp_units(x[small], ulps, ABSOLUTE_BITS))
+    big = np.exp(x[~small].astype(np.float64)) * 2.0**ABSOLUTE_BITS
+    return big_sum(units) + sum(int(b) for b in big), 2.0**ABSOLUTE_BITS
 
 
 def fast_sum(
@@ -95,18 +116,27 @@ def fast_sum(
     return big_sum(units), 2.0**52
 
 
+def grade_of(m: F32) -> str:
+    """fixed_sum.cuh's choice: absolute, else precise, else fast, by the maximum alone."""
+    if ABSOLUTE_RANGE[0] <= m <= ABSOLUTE_RANGE[1]:
+        return "absolute"
+    return "precise" if PRECISE_MAX[0] < m < PRECISE_MAX[1] else "fast"
+
+
 def emulated_z(
-    row: np.ndarray, fp32_exponent: bool = False, ulps: int = 0, fast: bool | None = None
+    row: np.ndarray, fp32_exponent: bool = False, ulps: int = 0, grade: str | None = None
 ) -> F32:
-    """The kernel's Z, its grade by the row's maximum (or forced by `fast`)."""
+    """The kernel's Z, its grade by the row's maximum (or forced by `grade`)."""
     x = row.astype(F32)
     m = F32(x[np.isfinite(x)].max())
     exact = x.astype(np.float64) - np.float64(m)
     if fp32_exponent:
         exact = (x - m).astype(F32).astype(np.float64)
-    if fast is None:
-        fast = not PRECISE_MAX[0] < m < PRECISE_MAX[1]
-    if fast:
+    grade = grade or grade_of(m)
+    if grade == "absolute":
+        total, unit = absolute_sum(x[np.isfinite(x)], ulps)
+        return F32(np.log(float(total) / unit))
+    if grade == "fast":
         total, unit = fast_sum(x, m, exact, fp32_exponent, ulps)
     else:
         total, unit = precise_sum(exact)
@@ -136,14 +166,47 @@ def test_the_header_and_the_bench_name_the_same_grade_edges():
     assert (below, above) == PRECISE_MAX
 
 
-@pytest.mark.parametrize("top", [None, 3.9, 4.0, 5.5, 7.9, 12.0, -25.0, -25.5, -30.0])
+TOPS = [None, 3.9, 4.0, 5.5, 5.9, 6.0, 7.9, 12.0, 20.0, 33.0, 33.5, 40.0, -25.0, -25.5, -30.0]
+
+
+@pytest.mark.parametrize("top", TOPS)
 def test_every_row_keeps_z_within_one_ulp(top):
-    """The precise grade (log-prob rows, 3.9, -25) and the fast grade at its edges (4.0,
-    -25.5) and inside it, with the hardware's ex2 at its documented worst, 2 ulp, on every far
-    term at once, both ways."""
+    """The precise grade (log-prob rows, 3.9, -25), the fast grade at its edges (4.0, 5.9,
+    33.5, -25.5) and beyond them, and the absolute grade at its edges (6, 33) and inside
+    it, with the hardware's ex2 at its documented worst, 2 ulp, on every term it takes at
+    once, both ways."""
     for row in rows(top, seed=5):
         for ulps in (-2, 0, 2):
             assert ulps_off(emulated_z(row, ulps=ulps), row) <= 1.0, (top, ulps)
+
+
+@pytest.mark.parametrize("top", [6.0, 33.0])
+def test_every_absolute_row_keeps_z_within_one_ulp_when_tied(top):
+    """A row of many equal values at the grade's edges: every term carries the same ex2
+    error, the case where the errors cannot cancel."""
+    row = np.full(150_000, F32(top - 7.25), F32)
+    row[::977] = F32(top)
+    for ulps in (-2, 2):
+        assert ulps_off(emulated_z(row, ulps=ulps), row) <= 1.0, (top, ulps)
+
+
+def test_the_absolute_grade_follows_the_header_and_stays_in_its_words():
+    """The emulation's constants are the header's; a run of eight terms under
+    kAbsoluteRunBelow sums under 2^64 (the kernel's 64-bit run sum), a term at or below
+    kAbsoluteExpAbove is under 2^64 (its conversion), with ex2 2 ulp high; and V < 2^31
+    terms of rows at most kAbsoluteTo sum under 2^128 (the 128-bit sum)."""
+    assert header_constant("kAbsoluteUnitBits") == ABSOLUTE_BITS
+    assert (header_constant("kAbsoluteFrom"), header_constant("kAbsoluteTo")) == ABSOLUTE_RANGE
+    assert header_constant("kAbsoluteExpAbove") == ABSOLUTE_EXP_ABOVE
+    assert header_constant("kAbsoluteRunBelow") == ABSOLUTE_RUN_BELOW
+    assert "exp_units<kAbsoluteUnitBits>(x)" in HEADER.read_text()
+    below_nine = np.array([np.nextafter(F32(ABSOLUTE_RUN_BELOW), F32(0))], F32)
+    for dtype in ("bfloat16", "float16"):
+        values = all_values(dtype)
+        below_nine = np.append(below_nine, values[values < F32(ABSOLUTE_RUN_BELOW)].max())
+    assert 8 * exp_units(below_nine, 2, ABSOLUTE_BITS).max() < 2.0**64
+    assert exp_units(np.array([ABSOLUTE_EXP_ABOVE], F32), 2, ABSOLUTE_BITS)[0] < 2.0**64
+    assert 2.0**31 * (np.exp(ABSOLUTE_RANGE[1]) * 2.0**ABSOLUTE_BITS + 1) < 2.0**128
 
 
 def test_exp_units_follows_the_header_and_its_reduction_error_bound():
@@ -152,7 +215,8 @@ def test_exp_units_follows_the_header_and_its_reduction_error_bound():
     dense grid of (-40, -3]: half an ulp of ex2's result (0.25) plus the reduced
     argument's two roundings (0.09), the header's account less ex2's 2 ulp."""
     header = HEADER.read_text()
-    steps = ("fmaxf(d, -64.0f)", "12582912.0f + kFastUnitBits", "kFastUnitBits = 52;")
+    steps = ("fmaxf(d, -64.0f)", "12582912.0f + kBits", "int kBits = kFastUnitBits")
+    steps += ("kFastUnitBits = 52;",)
     for step in steps + ("0x1.715476p+0f", "0x1.4ae0c0p-26f"):
         assert step in header, step
     d = np.linspace(-40.0, -3.0, 1_000_001).astype(F32)
@@ -161,12 +225,13 @@ def test_exp_units_follows_the_header_and_its_reduction_error_bound():
     assert np.abs(exp_units(d, 2) / exact - 1).max() > 2.0**-22  # the bound can fail
 
 
-def test_the_fast_grade_misses_below_its_edge():
-    """Why the grade is chosen by |Z|: with ex2 2 ulp off on every far term, rows whose
+@pytest.mark.parametrize("grade", ["fast", "absolute"])
+def test_the_fp32_grades_miss_below_their_edge(grade):
+    """Why the grade is chosen by |Z|: with ex2 2 ulp off on every fp32 term, rows whose
     maximum is -5 (precise; Z from about -5 to 2, its ulp down to 2^-24 and less) summed
-    in the fast grade land many ulps away."""
+    in the fast or the absolute grade land many ulps away."""
     for ulps in (-2, 2):
-        off = [ulps_off(emulated_z(row, ulps=ulps, fast=True), row) for row in rows(-5.0, 5)]
+        off = [ulps_off(emulated_z(row, ulps=ulps, grade=grade), row) for row in rows(-5.0, 5)]
         assert max(off) > 1.0
 
 

@@ -1,7 +1,8 @@
 // SPEC stage 1 — candidates per depth: per (request, depth) row, the top-K tokens in
 // (value desc, id asc) order and the fp32 logsumexp, straight from bf16/fp16/fp32 logits.
 //
-// One block per row, two reads of the row:
+// One block per row, one read of the row where its maximum puts its normaliser in the
+// absolute grade (fixed_sum.cuh: most logits), else two (one_read falls back to pass 2):
 //   pass 1: NaN/+inf check, the row max, and each thread's two maxima (of its even and of
 //           its odd tokens);
 //   pass 2: the fixed-point sum of exp(x - max) (fixed_sum.cuh), and every token at or
@@ -9,7 +10,7 @@
 //           into shared memory, where the top K are kept (select_kept): up to a few
 //           hundred such tokens are ranked directly, in rank order at once; more go
 //           through a radix select on (key, id) and a sort.
-// `top_k_pass` is those two reads for any run of tokens: partials.cuh runs it on chunks.
+// `top_k_pass` is those reads for any run of tokens: partials.cuh runs it on chunks.
 // When too many tokens tie for shared memory, radix_select_row takes over: 12-bit digit
 // histograms over the whole row, then the tied tokens by id (an id-ordered block scan).
 // A sort of the K (key, id) pairs, where one is needed, is by rank when K is small, else
@@ -568,6 +569,24 @@ __device__ __forceinline__ void sum_and_collect(const T* __restrict__ row, long 
   for_each_in_row(row, stride, V, one);
 }
 
+// The K largest of the s.ties entries collected (s.tie_count of them, at or above some
+// floor) into s.cand, in rank order; past kTieCap the radix select over the whole row.
+template <typename T>
+__device__ void select_collected(const T* __restrict__ row, long long stride, int V, int K,
+                                 int kept, CandShared& s) {
+  if (kept <= kTieCap) {
+    select_kept(s, kept, K);
+  } else {
+    radix_select_row(row, stride, V, K, s);
+    __syncthreads();
+    sort_candidates(s, K);
+  }
+}
+
+struct OneBlock {  // the default `combine`: the block reads the whole row
+  __device__ void operator()(float&, int&) const {}
+};
+
 // Stage 1's two reads of `V` tokens (a row, or a chunk of one) for their top K, K <= V:
 // pass 1 finds NaN / +inf and the maximum; `combine(m, bad)` may then widen both to a whole
 // row that several blocks share (candidates_cluster.cuh), and *max_out gets the result;
@@ -575,14 +594,9 @@ __device__ __forceinline__ void sum_and_collect(const T* __restrict__ row, long 
 // that maximum (0 when every value is -inf), in the row's normaliser grade (fixed_sum.cuh),
 // and leaves the top K in s.cand, in rank order. Returns 1, with nothing collected, when a
 // NaN or +inf was seen.
-struct OneBlock {  // the default `combine`: the block reads the whole row
-  __device__ void operator()(float&, int&) const {}
-};
-
-template <typename T, typename Sum, typename Combine = OneBlock>
-__device__ int top_k_pass(const T* __restrict__ row, long long stride, int V, int K,
-                          CandShared& s, float* max_out, Sum& sum,
-                          Combine&& combine = Combine{}) {
+template <typename T, typename Sum, typename Combine>
+__device__ int two_reads(const T* __restrict__ row, long long stride, int V, int K,
+                         CandShared& s, float* max_out, Sum& sum, Combine&& combine) {
   if (threadIdx.x == 0) s.count = s.tie_count = s.defer_count = 0;
   int local_bad;
   float local_max[2];
@@ -605,15 +619,186 @@ __device__ int top_k_pass(const T* __restrict__ row, long long stride, int V, in
     sum_and_collect(row, stride, V, shift, grade, floor_key, sum, s);
   });
   __syncthreads();
-  const int kept = s.tie_count;
-  if (kept <= kTieCap) {
-    select_kept(s, kept, K);
-  } else {
-    radix_select_row(row, stride, V, K, s);
-    __syncthreads();
-    sort_candidates(s, K);
-  }
+  select_collected(row, stride, V, K, s.tie_count, s);
   return 0;
+}
+
+// The one read's first batch: each thread's first kFirstRuns runs (the loads its loop
+// makes first, so the loop finds them in L2), their even and odd tokens' maxima as keys
+// (-inf where it has none). Their K-th largest is a floor for the candidates, lower than
+// the whole row's (fewer tokens behind each maximum) but known before the row is read.
+constexpr int kFirstRuns = 8;
+template <typename T>
+__device__ __forceinline__ void first_batch_keys(const T* __restrict__ row, int V,
+                                                 uint32_t (&keys)[2]) {
+  using P = typename PairOf<T>::type;
+  const int nvec = V / kRun<T>;
+  const uint4* vrow = reinterpret_cast<const uint4*>(row);
+  const T ninf = from_f32<T>(-INFINITY);
+  P mx{ninf, ninf};
+#pragma unroll
+  for (int u = 0; u < kFirstRuns; ++u) {
+    const int i = threadIdx.x + u * blockDim.x;
+    if (i < nvec) mx = __hmax2(mx, run_max2<T>(__ldg(vrow + i)));
+  }
+  keys[0] = float_key(to_f32(mx.x));
+  keys[1] = float_key(to_f32(mx.y));
+}
+
+// One token of the absolute grade's slow route: NaN / +inf flagged, else its term added
+// and the token collected if it is at or above the floor.
+__device__ __forceinline__ void absolute_token(float x, int id, uint32_t floor_key, U128& sum,
+                                               int& bad, CandShared& s) {
+  if (isnan(x) || x == INFINITY) {
+    bad = 1;
+    return;
+  }
+  sum = add128(sum, fixed_term(x, 0.0f, Absolute{}));
+  collect_token(s, floor_key, id, x);
+}
+
+// The one read's loop over a 16-bit row's runs: every run's packed maximum into `mx` (NaN
+// kept: a NaN or +inf there is how the caller finds them, queued or not); a
+// run under kAbsoluteRunBelow (NaN-free) summed at once (its eight absolute terms), and
+// queued for its tokens' collection if it reaches the floor (entry id0); any other run
+// (a large value, NaN or +inf) queued whole (entry ~id0). The queue is then done token by
+// token, one a thread. The sum is of integers and the tokens are ranked after, so order
+// does not matter. Past the queue's kDeferCap runs nothing more is queued (s.defer_count
+// says so; one_read then reads the row again), so the loop calls nothing out of line: a
+// call's saved registers had the loop spill its maximum every run (ptxas, sm_90).
+template <typename T, typename One>
+__device__ __forceinline__ void absolute_runs(const T* __restrict__ row, int V,
+                                              uint32_t floor_key, TermSum& sum,
+                                              typename PairOf<T>::type& mx, int& bad,
+                                              CandShared& s, One&& one) {
+  using P = typename PairOf<T>::type;
+  // Values below `below` have keys under the floor (as in fast_runs).
+  const T below = from_f32_up<T>(float_of_key(floor_key));
+  const T cap = from_f32<T>(kAbsoluteRunBelow);
+  const P below2{below, below}, cap2{cap, cap};
+  const auto queue = [&](int entry) {
+    const int slot = atomicAdd(&s.defer_count, 1);
+    if (slot < kDeferCap) s.deferred[slot] = entry;
+  };
+  for_each_run<4, true>(
+      row, V,
+      [&](int id0, const uint4& v) {
+        const P top = run_max2_nan<T>(v);
+        mx = __hmax2_nan(mx, top);
+        if (!__hblt2(top, cap2)) {
+          queue(~id0);
+          return;
+        }
+        sum.add_absolute<T>(v);
+        if (!__hblt2(top, below2)) queue(id0);
+      },
+      one);
+  __syncthreads();  // every run queued
+  const int tokens = min(s.defer_count, kDeferCap) * kRun<T>;
+  for (int t = threadIdx.x; t < tokens; t += blockDim.x) {
+    const int entry = s.deferred[t / kRun<T>];
+    const int id = (entry < 0 ? ~entry : entry) + t % kRun<T>;
+    const float x = to_f32(row[id]);
+    if (entry < 0) {
+      absolute_token(x, id, floor_key, sum.total, bad, s);
+    } else {
+      collect_token(s, floor_key, id, x);
+    }
+  }
+}
+
+// Keeps the s.ties entries [0, n) whose key is at least floor_key, in order, in place;
+// returns how many. A block scan a tile: every entry of a tile is read before any of it is
+// written, and an entry only moves down.
+__device__ int keep_at_or_above(CandShared& s, int n, uint32_t floor_key) {
+  int kept = 0;
+  for (int base = 0; base < n; base += blockDim.x) {
+    const int i = base + threadIdx.x;
+    const uint64_t e = i < n ? s.ties[i] : 0ull;
+    const int keep = (i < n && static_cast<uint32_t>(e >> 32) >= floor_key) ? 1 : 0;
+    int total;
+    const int incl = block_inclusive_scan(keep, s.iscratch, &total);
+    if (keep) s.ties[kept + incl - 1] = e;
+    kept += total;
+    __syncthreads();
+  }
+  return kept;
+}
+
+// two_reads in one read of an aligned unit-stride 16-bit row, for rows of the absolute
+// grade (fixed_sum.cuh), whose terms need no maximum: the floor from the first batch
+// (first_batch_keys), then one loop that sums every term and collects the tokens at or
+// above that floor, and finds the maximum, NaN / +inf and the threads' even and odd
+// maxima. Then `combine`; if the row is absolute its sum is done, and the kept tokens under
+// the whole row's floor (the K-th largest of those maxima, two_reads' floor) are dropped
+// before the selection. Else a second read sums the row in its relative grade, as
+// two_reads' pass 2 (the same floor, so the same kept tokens). Either way the outputs are
+// two_reads', bit for bit.
+template <typename T, typename Combine>
+__device__ int one_read(const T* __restrict__ row, int V, int K, CandShared& s, float* max_out,
+                        TermSum& sum, Combine&& combine) {
+  using P = typename PairOf<T>::type;
+  if (threadIdx.x == 0) s.count = s.tie_count = s.defer_count = 0;
+  uint32_t keys[2];
+  first_batch_keys(row, V, keys);
+  const uint32_t first_floor = kth_largest_thread_key<KeyBits<T>::value>(s, keys, K);
+  const T ninf = from_f32<T>(-INFINITY);
+  P mx{ninf, ninf};
+  float tail[2] = {-INFINITY, -INFINITY};  // the tokens after the last whole run
+  int local_bad = 0;
+  absolute_runs(row, V, first_floor, sum, mx, local_bad, s, [&](int id, float x) {
+    tail[id & 1] = fmaxf(tail[id & 1], x);
+    absolute_token(x, id, first_floor, sum.total, local_bad, s);
+  });
+  const float even = fmaxf(to_f32(mx.x), tail[0]), odd = fmaxf(to_f32(mx.y), tail[1]);
+  const auto nan_or_inf = [](float v) { return isnan(v) || v == INFINITY; };
+  if (nan_or_inf(to_f32(mx.x)) || nan_or_inf(to_f32(mx.y))) local_bad = 1;
+  // Flag 1: NaN or +inf; flag 2: the queue overflowed. `combine` ORs them over a cluster.
+  int flags = block_any(local_bad, s.iscratch) | (s.defer_count > kDeferCap ? 2 : 0);
+  float m = block_max(fmaxf(even, odd), s.fscratch);
+  combine(m, flags);
+  *max_out = m;
+  if (flags & 1) return 1;
+  const uint32_t row_keys[2] = {float_key(even), float_key(odd)};
+  const uint32_t floor_key = kth_largest_thread_key<KeyBits<T>::value>(s, row_keys, K);
+  if (absolute_row(m) && !(flags & 2)) {
+    int kept = s.tie_count;
+    if (kept <= kTieCap) kept = keep_at_or_above(s, kept, floor_key);
+    select_collected(row, 1, V, K, kept, s);
+    return 0;
+  }
+  // A relative-grade row, or a queue past its cap: two_reads' pass 2 (its floor).
+  __syncthreads();  // every thread has read the counts
+  sum.total = U128{0ull, 0ull};
+  if (threadIdx.x == 0) s.tie_count = s.defer_count = 0;
+  __syncthreads();
+  const float shift = (m == -INFINITY) ? 0.0f : m;
+  with_grade(shift, [&](auto grade) {
+    sum_and_collect(row, 1, V, shift, grade, floor_key, sum, s);
+  });
+  __syncthreads();
+  select_collected(row, 1, V, K, s.tie_count, s);
+  return 0;
+}
+
+// Stage 1's reads of `V` tokens (a row, or a chunk of one) for their top K: one_read where
+// it applies (a whole aligned unit-stride 16-bit row summed into a TermSum, K at most
+// kOneReadMaxK), else two_reads. Measured on the H200 (BENCHMARKS.md, session 35): a
+// cluster block's chunk (2.3 runs a thread) waits on the same chain of latencies either
+// way and one_read's extra floor made bs = 1 slower; at K = 255 the first batch's floor
+// sat so low that the queue of runs to collect overflowed at bs = 64.
+constexpr int kOneReadMaxK = 128;
+template <typename T, typename Sum, typename Combine = OneBlock>
+__device__ int top_k_pass(const T* __restrict__ row, long long stride, int V, int K,
+                          CandShared& s, float* max_out, Sum& sum,
+                          Combine&& combine = Combine{}) {
+  constexpr bool kWholeRow = std::is_same<std::decay_t<Combine>, OneBlock>::value;
+  if constexpr (kPacked<T> && std::is_same<Sum, TermSum>::value && kWholeRow) {
+    if (reads_in_runs(row, stride) && K <= kOneReadMaxK) {
+      return one_read(row, V, K, s, max_out, sum, combine);
+    }
+  }
+  return two_reads(row, stride, V, K, s, max_out, sum, combine);
 }
 
 // Row outputs: lp[K], ti[K]; *eligible = finite ranks; *bad = NaN or +inf seen.

@@ -8,34 +8,52 @@
 
 namespace ddtree {
 
-// A row's terms are added in one of two fixed-point grades, chosen by its maximum m alone
-// (the same on every part and rank, so every split still sums the same integers):
+// A row's terms are added in one of three fixed-point grades, chosen by its maximum m
+// alone (the same on every part and rank, so every split still sums the same integers):
+//  * absolute, where m is in [kAbsoluteFrom, kAbsoluteTo]: units of 2^-48 of e^0, not of
+//    e^m, so a term needs no maximum and the row is summed in its one read (candidates.cuh:
+//    one_read); each term the hardware ex2 of a reduced argument (exp_units), above
+//    kAbsoluteExpAbove a float64 exp. Each term is within 1.09 * 2^-22 of itself plus half a
+//    unit; V < 2^31 halves are under 2^-18 / e^m <= 0.04 * 2^-22 of the sum (at least
+//    e^m * 2^48: the maximum's term), so Z is within 1.13 * 2^-22 absolute, under 0.6 of an
+//    ulp (|Z| >= m >= 6: an ulp is at least 2^-21). The sum stays under 2^128: V e^33 2^48
+//    < 2^127.
 //  * fast: units of 2^-52; within 3 of the max a float64 exp, further below it an fp32
-//    exp of our own (exp_units: the special-function unit's ex2, 2 ulp, of a reduced
-//    argument) with the fp32 subtraction's rounding error folded back in. Each term is
-//    then within 1.34 * 2^-22 of itself plus half a unit, and the terms at or below
-//    kZeroAtOrBelow, dropped, add under e^-40 each; the sum is at least 1 (the maximum's
-//    term), so for V < 2^30 the sum is within 0.47 * 2^-20 of itself, relatively, and Z
-//    within 0.47 * 2^-20 absolute. Under one ulp of Z wherever |Z| >= 4 (an ulp there is
-//    at least 2^-21): then fp32(Z) is at most one ulp from the reference's, the most
-//    SPEC allows.
+//    exp of our own (exp_units) with the fp32 subtraction's rounding error folded back in.
+//    Each term is then within 1.34 * 2^-22 of itself plus half a unit, and the terms at or
+//    below kZeroAtOrBelow, dropped, add under e^-40 each; the sum is at least 1 (the
+//    maximum's term), so for V < 2^30 the sum is within 0.47 * 2^-20 of itself,
+//    relatively, and Z within 0.47 * 2^-20 absolute. Under one ulp of Z wherever |Z| >= 4
+//    (an ulp there is at least 2^-21): then fp32(Z) is at most one ulp from the
+//    reference's, the most SPEC allows.
 //  * precise: units of 2^-80 and every term a float64 exp (1 ulp), as the Rust CPU path
 //    sums; Z is then as accurate as SPEC's float64 reference.
 // Z = m + ln(sum) with 1 <= sum <= V < 2^31, so Z lies in [m, m + 21.5): |Z| >= 4 is sure
 // when m >= 4 or m <= -25.5. Rows in between (log-probabilities, small logits) are precise.
 // (Sessions before 30 asked for half an ulp, |Z| >= 8: rows with maxima in [4, 8) summed
 // float64 terms, about four times the fast grade's time a token.)
-// Either way the exponent x - m is taken exactly: in fp32 it rounds by up to 2^-24 |x - m|,
-// an error every token of a tied row repeats, which would put Z ulps away.
+// In the relative grades the exponent x - m is taken exactly: in fp32 it rounds by up to
+// 2^-24 |x - m|, an error every token of a tied row repeats, which would put Z ulps away;
+// the absolute grade's x log2(e) is a float pair's product, exact to 2^-25.
 constexpr int kFastUnitBits = 52;  // exp_units adds it to its result's exponent
 constexpr double kFastUnit = static_cast<double>(1ull << kFastUnitBits);
 constexpr double kPreciseUnit = 0x1p80;
 constexpr float kFastAtOrAbove = 4.0f;
 constexpr float kFastAtOrBelow = -25.5f;
+// The absolute grade: its unit, its rows' maxima, and the terms it takes in float64 (above
+// it, e^x * 2^48 may pass 2^64). Every term of a run under kAbsoluteRunBelow is under 2^61,
+// so a run of eight sums in 64 bits.
+constexpr int kAbsoluteUnitBits = 48;
+constexpr double kAbsoluteUnit = static_cast<double>(1ull << kAbsoluteUnitBits);
+constexpr float kAbsoluteFrom = 6.0f;
+constexpr float kAbsoluteTo = 33.0f;
+constexpr float kAbsoluteExpAbove = 11.0f;
+constexpr float kAbsoluteRunBelow = 9.0f;
 
-// The two grades as types, so that a loop over a row is compiled once for each.
+// The grades as types, so that a loop over a row is compiled once for each.
 struct Fast {};
 struct Precise {};
+struct Absolute {};
 template <typename G>
 constexpr bool kFastGrade = false;
 template <>
@@ -52,14 +70,30 @@ __device__ __forceinline__ bool precise_row(float m) {
   return m < kFastAtOrAbove && m > kFastAtOrBelow;
 }
 
-// f(Precise{}) or f(Fast{}), the grade of the row whose maximum is `m`: a loop over the row
-// inside f is compiled once per grade.
+// Whether the row whose maximum is `m` sums absolute terms (NaN: no).
+__device__ __forceinline__ bool absolute_row(float m) {
+  return m >= kAbsoluteFrom && m <= kAbsoluteTo;
+}
+
+// f(Precise{}) or f(Fast{}), the relative grade of the row whose maximum is `m` (one
+// outside the absolute grade's).
 template <typename F>
-__device__ __forceinline__ void with_grade(float m, F&& f) {
+__device__ __forceinline__ void with_relative_grade(float m, F&& f) {
   if (precise_row(m)) {
     f(Precise{});
   } else {
     f(Fast{});
+  }
+}
+
+// f(grade) for the grade of the row whose maximum is `m`: a loop over the row inside f is
+// compiled once per grade.
+template <typename F>
+__device__ __forceinline__ void with_grade(float m, F&& f) {
+  if (absolute_row(m)) {
+    f(Absolute{});
+  } else {
+    with_relative_grade(m, f);
   }
 }
 
@@ -99,26 +133,43 @@ __device__ __forceinline__ U128 fixed_term(float x, float m, Precise) {
   return exact > -60.0 ? precise_units(exp(exact)) : U128{0ull, 0ull};
 }
 
-// e^d * 2^52 for d <= -3 (callers pass no more), from the special-function unit's ex2
+// e^d * 2^kBits (kFastUnitBits: d <= -3, the fast grade's far terms; kAbsoluteUnitBits:
+// d = x <= kAbsoluteExpAbove, the absolute grade's), from the special-function unit's ex2
 // (2 ulp, as CUDA documents exp2f) of a reduced argument: j = d log2(e) rounded to an
 // integer, f = d log2(e) - j in [-1/2, 1/2] by two fmas with log2(e) as a float pair
-// (each rounds by at most 2^-26: 0.09 * 2^-22 relatively once raised), and 2^(j + 52)
+// (each rounds by at most 2^-26: 0.09 * 2^-22 relatively once raised), and 2^(j + kBits)
 // added to ex2(f)'s exponent field as an integer. So each term is within 1.09 * 2^-22
-// of e^d * 2^52. Below -64, d is taken as -64: 2^(j + 52) stays a normal float, and a
-// term there, like every term at or below kZeroAtOrBelow, is under half a unit (0.02),
-// which rounds to 0. It replaced CUDA's expf bit for bit (sessions 30-33): one
-// instruction fewer a token, and two constants a run no longer rebuilt (102 -> 93 SASS
-// instructions a far run of eight, sm_90); the far terms are most of stage 1's.
+// of e^d * 2^kBits. Below -64, d is taken as -64: 2^(j + kBits) stays a normal float, and
+// a term there, like every fast term at or below kZeroAtOrBelow, is under half a unit
+// (0.02 and 2^-44), which rounds to 0. It replaced CUDA's expf bit for bit (sessions
+// 30-33): one instruction fewer a token, and two constants a run no longer rebuilt
+// (102 -> 93 SASS instructions a far run of eight, sm_90); the far terms are most of
+// stage 1's.
+template <int kBits = kFastUnitBits>
 __device__ __forceinline__ float exp_units(float d) {
-  constexpr float kMagic = 12582912.0f + kFastUnitBits;  // 1.5 * 2^23 + 52
+  constexpr float kMagic = 12582912.0f + kBits;  // 1.5 * 2^23 + kBits
   const float c = fmaxf(d, -64.0f);
   const float jm = __fmaf_rn(c, 0x1.715476p+0f, kMagic);  // kMagic + j: j in its low bits
   const float j = __fadd_rn(jm, -kMagic);
   const float f = __fmaf_rn(c, 0x1.4ae0c0p-26f, __fmaf_rn(c, 0x1.715476p+0f, -j));
   float e;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(f));
-  // jm's low bits are 52 + j (mod 2^9 once shifted: 0x400000 << 23 leaves the word).
+  // jm's low bits are kBits + j (mod 2^9 once shifted: 0x400000 << 23 leaves the word).
   return __uint_as_float(__float_as_uint(e) + (__float_as_uint(jm) << 23));
+}
+
+// The absolute grade's term of x (not NaN, not +inf): e^x * 2^48 to the nearest integer.
+// Above kAbsoluteExpAbove a float64 exp, split exactly into two words (the low word is a
+// multiple of the float64's ulp there, 2^56 at most, below 2^64).
+__device__ __forceinline__ unsigned long long absolute_term64(float x) {
+  return __float2ull_rn(exp_units<kAbsoluteUnitBits>(x));
+}
+
+__device__ __forceinline__ U128 fixed_term(float x, float, Absolute) {
+  if (x <= kAbsoluteExpAbove) return {absolute_term64(x), 0ull};
+  const double e = exp(static_cast<double>(x)) * kAbsoluteUnit;
+  const double top = floor(e * 0x1p-64);
+  return {__double2ull_rn(e - top * 0x1p64), static_cast<unsigned long long>(top)};
 }
 
 __device__ __forceinline__ U128 fixed_term(float x, float m, Fast) {
@@ -183,9 +234,11 @@ __device__ __forceinline__ U128 block_sum128(U128 v, U128* scratch) {
   return block_reduce(v, scratch, U128{0ull, 0ull}, warp_sum128);
 }
 
-// Z = fp32(m + ln(sum / unit)) for the fixed-point sum of a row whose maximum m is finite.
+// Z = fp32(m + ln(sum / unit)) for the fixed-point sum of a row whose maximum m is finite
+// (fp32(ln(sum / unit)) in the absolute grade, whose unit is of e^0).
 __device__ __forceinline__ float fixed_normaliser(float m, U128 sum) {
   const double total = static_cast<double>(sum.hi) * 0x1p64 + static_cast<double>(sum.lo);
+  if (absolute_row(m)) return static_cast<float>(log(total / kAbsoluteUnit));
   const double unit = precise_row(m) ? kPreciseUnit : kFastUnit;
   return static_cast<float>(static_cast<double>(m) + log(total / unit));
 }

@@ -147,6 +147,13 @@ __device__ __forceinline__ typename PairOf<T>::type run_max2(const uint4& v) {
                  __hmax2(pair_at<T>(v, 2), pair_at<T>(v, 3)));
 }
 
+// run_max2 with NaN propagated: a run holding a NaN fails every `<` test.
+template <typename T>
+__device__ __forceinline__ typename PairOf<T>::type run_max2_nan(const uint4& v) {
+  return __hmax2_nan(__hmax2_nan(pair_at<T>(v, 0), pair_at<T>(v, 1)),
+                     __hmax2_nan(pair_at<T>(v, 2), pair_at<T>(v, 3)));
+}
+
 // The largest value of a 16-bit run.
 template <typename T>
 __device__ __forceinline__ float run_max(const uint4& v) {
@@ -227,6 +234,18 @@ struct TermSum {
 #pragma unroll
       for (int j = 0; j < kRun<T>; ++j) run += far_term16(x[j], m);
     }
+    total = add128(total, U128{run, 0ull});
+  }
+
+  // A 16-bit run of an absolute-grade row whose every value is under kAbsoluteRunBelow:
+  // its eight terms, each under 2^61, summed in 64 bits and carried once.
+  template <typename T>
+  __device__ __forceinline__ void add_absolute(const uint4& v) {
+    float x[kRun<T>];
+    unpack_far<T>(v, x);
+    unsigned long long run = 0;
+#pragma unroll
+    for (int j = 0; j < kRun<T>; ++j) run += absolute_term64(x[j]);
     total = add128(total, U128{run, 0ull});
   }
 };

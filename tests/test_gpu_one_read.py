@@ -1,0 +1,130 @@
+"""Stage 1 in one read (candidates.cuh `one_read`, fixed_sum.cuh's absolute grade): 16-bit rows
+whose maximum lies in [6, 33] are summed in the read that finds their maximum. Its outputs
+must be the two-read kernels' bit for bit: the partials path (`_partials.candidates`, whose
+part blocks read twice and sum each part against the row's maximum) on the same rows, and
+the CPU path within SPEC's ulp of Z. The rows are built for its branches: the grade's
+edges, runs it queues whole (values of 9 and more, float64 terms above 11, NaN, +inf), a
+queue past its cap (the second read), a first floor at -inf, a tail after the last run
+(V = 5003), K up to kOneReadMaxK (128).
+
+Marked `gpu`: skipped without CUDA.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import ddtree
+from ddtree import _partials, reference
+from test_gpu import assert_z_within_one_ulp, tree_with_stages
+from test_gpu_partials import bits, whole_row_stage1
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+def gaussian(rng, shape, scale=2.0, shift=0.0) -> np.ndarray:
+    return rng.standard_normal(shape) * scale + shift
+
+
+def edge_rows(rng, shape) -> np.ndarray:
+    """Gaussian rows whose maxima sit at the absolute grade's edges and inside it."""
+    x = gaussian(rng, shape)
+    tops = np.array([5.99, 6.0, 6.01, 12.0, 20.0, 32.99, 33.0, 33.01, 40.0])
+    top = tops[np.arange(shape[0] * shape[1]) % len(tops)].reshape(shape[0], shape[1], 1)
+    return x - x.max(axis=2, keepdims=True) + top
+
+
+def queued_rows(rng, shape) -> np.ndarray:
+    """A few values in [9, 11] and (11, 30] in every row (runs queued whole, float64 terms)."""
+    x = gaussian(rng, shape)
+    for lo, hi in ((9.0, 11.0), (11.0, 30.0)):
+        hot = rng.integers(0, shape[2], size=(shape[0], shape[1], 5))
+        np.put_along_axis(x, hot, rng.uniform(lo, hi, size=hot.shape), axis=2)
+    return x
+
+
+def overflow_rows(rng, shape) -> np.ndarray:
+    """Most runs hold a value of 9 or more: the queue passes its cap, the row is read again."""
+    return gaussian(rng, shape, shift=9.0)
+
+
+def masked_rows(rng, shape) -> np.ndarray:
+    """-inf but for a few values near 20: the first batch's floor is -inf, every run queued."""
+    x = np.full(shape, -np.inf)
+    hot = rng.integers(0, shape[2], size=(shape[0], shape[1], 40))
+    np.put_along_axis(x, hot, rng.uniform(18.0, 22.0, size=hot.shape), axis=2)
+    return x
+
+
+def tied_rows(rng, shape) -> np.ndarray:
+    """Most tokens tied at one far value, a few at the top (every term's error the same)."""
+    x = np.full(shape, -7.25) + rng.integers(0, 2, size=(shape[0], shape[1], 1)) * 20.0
+    hot = rng.integers(0, shape[2], size=(shape[0], shape[1], 3))
+    np.put_along_axis(x, hot, 21.0, axis=2)
+    return x
+
+
+ROWS = {
+    "edges": edge_rows,
+    "queued": queued_rows,
+    "overflow": overflow_rows,
+    "masked": masked_rows,
+    "tied": tied_rows,
+}
+
+
+def rows_of(kind: str, shape, dtype, seed: int, poison: bool) -> torch.Tensor:
+    rng = np.random.default_rng(seed)
+    x = torch.from_numpy(ROWS[kind](rng, shape).astype(np.float32)).to(dtype)
+    if poison:  # a NaN and a +inf, each in a run far below the row's top
+        x[0, 0, shape[2] // 3] = float("nan")
+        x[-1, -1, shape[2] // 2] = float("inf")
+    return x
+
+
+def assert_as_two_reads(x: torch.Tensor, k: int) -> None:
+    """The one-block kernel (one read) == the partials path (two reads) bit for bit, and
+    its log-probs within SPEC's ulp of the CPU path's where the row is finite."""
+    x = x.cuda()
+    lp, ti = whole_row_stage1(x, k)
+    chunk = 4096 if k < 64 else x.shape[2]  # the merge holds 8192 entries: parts x K
+    got_lp, got_ti, _, _ = _partials.candidates([x], k, chunk)
+    assert torch.equal(got_ti, ti)
+    assert torch.equal(bits(got_lp), bits(lp))
+    xs = x.float().cpu().numpy().reshape(-1, x.shape[2])
+    lps = lp.cpu().numpy()
+    for r in range(xs.shape[0]):
+        if not np.isfinite(xs[r][~np.isneginf(xs[r])]).all():
+            continue  # a rejected row: checked equal above
+        want = reference.candidates(xs[r][None], k)
+        np.testing.assert_array_equal(ti[r].cpu().numpy(), want.ids[0])
+        assert_z_within_one_ulp(xs[r][None], want.logprobs, lps[r][None])
+
+
+@pytest.mark.parametrize("kind", sorted(ROWS))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_one_read_equals_two_reads(kind, dtype):
+    for vocab, k, poison in ((151_936, 63, False), (151_936, 128, True), (5003, 7, True)):
+        x = rows_of(kind, (2, 9, vocab), dtype, seed=vocab + k, poison=poison)
+        assert_as_two_reads(x, k)
+
+
+@pytest.mark.parametrize("kind", sorted(ROWS))
+def test_one_read_over_clusters_and_half_blocks_equals_one_block(kind):
+    """bs = 1 takes the clustered kernel (two reads of each block's chunk), 150 rows the
+    half blocks (one read): both bit for bit the one-block kernel's tree (stage bit 16)."""
+    for bs in (1, 10):
+        x = rows_of(kind, (bs, 15, 151_936), torch.bfloat16, seed=bs, poison=bs > 1).cuda()
+        roots = torch.zeros(bs, dtype=torch.int64, device="cuda")
+        built = ddtree.build_tree(x, roots, roots, budget=63)
+        one_block = tree_with_stages(x, roots, roots, 63, None, 7 | 16)
+        for name in built.__dataclass_fields__:
+            a, b = getattr(built, name), getattr(one_block, name)
+            if a.dtype == torch.float64:
+                a, b = a.view(torch.int64), b.view(torch.int64)
+            assert torch.equal(a, b), (kind, bs, name)
