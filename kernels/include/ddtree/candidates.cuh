@@ -534,12 +534,94 @@ __device__ __forceinline__ void fast_runs(const T* __restrict__ row, int V, floa
   }
 }
 
+// One token of the absolute grade's slow route: NaN / +inf flagged, else its term added
+// and the token collected if it is at or above the floor.
+__device__ __forceinline__ void absolute_token(float x, int id, uint32_t floor_key, U128& sum,
+                                               int& bad, CandShared& s) {
+  if (isnan(x) || x == INFINITY) {
+    bad = 1;
+    return;
+  }
+  sum = add128(sum, fixed_term(x, 0.0f, Absolute{}));
+  collect_token(s, floor_key, id, x);
+}
+
+// The one read's loop over a 16-bit row's runs: every run's packed maximum into `mx` (NaN
+// kept: a NaN or +inf there is how the caller finds them, queued or not); a
+// run under kAbsoluteRunBelow (NaN-free) summed at once (its eight absolute terms), and
+// queued for its tokens' collection if it reaches the floor (entry id0); any other run
+// (a large value, NaN or +inf) queued whole (entry ~id0). The queue is then done token by
+// token, one a thread. The sum is of integers and the tokens are ranked after, so order
+// does not matter. Past the queue's kDeferCap runs nothing more is queued (s.defer_count
+// says so; one_read then reads the row again), so the loop calls nothing out of line: a
+// call's saved registers had the loop spill its maximum every run (ptxas, sm_90).
+template <typename T, typename One>
+__device__ __forceinline__ void absolute_runs(const T* __restrict__ row, int V,
+                                              uint32_t floor_key, TermSum& sum,
+                                              typename PairOf<T>::type& mx, int& bad,
+                                              CandShared& s, One&& one) {
+  using P = typename PairOf<T>::type;
+  // Values below `below` have keys under the floor (as in fast_runs).
+  const T below = from_f32_up<T>(float_of_key(floor_key));
+  const T cap = from_f32<T>(kAbsoluteRunBelow);
+  const P below2{below, below}, cap2{cap, cap};
+  const auto queue = [&](int entry) {
+    const int slot = atomicAdd(&s.defer_count, 1);
+    if (slot < kDeferCap) s.deferred[slot] = entry;
+  };
+  for_each_run<4, true>(
+      row, V,
+      [&](int id0, const uint4& v) {
+        const P top = run_max2_nan<T>(v);
+        mx = __hmax2_nan(mx, top);
+        if (!__hblt2(top, cap2)) {
+          queue(~id0);
+          return;
+        }
+        sum.add_absolute<T>(v);
+        if (!__hblt2(top, below2)) queue(id0);
+      },
+      one);
+  __syncthreads();  // every run queued
+  const int tokens = min(s.defer_count, kDeferCap) * kRun<T>;
+  for (int t = threadIdx.x; t < tokens; t += blockDim.x) {
+    const int entry = s.deferred[t / kRun<T>];
+    const int id = (entry < 0 ? ~entry : entry) + t % kRun<T>;
+    const float x = to_f32(row[id]);
+    if (entry < 0) {
+      absolute_token(x, id, floor_key, sum.total, bad, s);
+    } else {
+      collect_token(s, floor_key, id, x);
+    }
+  }
+}
+
+// absolute_runs as pass 2 of a row whose maximum is known (two_reads, and one_read's second
+// read): false, with the sum and the kept tokens cleared, if its queue overflowed.
+template <typename T>
+__device__ bool absolute_pass(const T* __restrict__ row, int V, uint32_t floor_key,
+                              TermSum& sum, CandShared& s) {
+  using P = typename PairOf<T>::type;
+  const T ninf = from_f32<T>(-INFINITY);
+  P mx{ninf, ninf};
+  int bad = 0;  // pass 1 has rejected NaN and +inf
+  absolute_runs(row, V, floor_key, sum, mx, bad, s, [&](int id, float x) {
+    absolute_token(x, id, floor_key, sum.total, bad, s);
+  });
+  if (s.defer_count <= kDeferCap) return true;
+  __syncthreads();  // every thread has read the count
+  sum.total = U128{0ull, 0ull};
+  if (threadIdx.x == 0) s.tie_count = s.defer_count = 0;
+  __syncthreads();
+  return false;
+}
+
 // Pass 2 of top_k_pass: every value's term into `sum` (against `shift`, in `grade`), and
 // every token whose key is at least `floor_key` into s.ties (up to kTieCap; s.tie_count
 // counts them all). 16-bit runs are routed whole (any_run): a run far below the shift
 // (fast grade) sums as far terms, a run under the floor collects nothing.
 //
-// The fast grade's sum has a loop of its own (fast_runs).
+// The fast and the absolute grades' sums have loops of their own (fast_runs, absolute_pass).
 template <typename T, typename Sum, typename Grade>
 __device__ __forceinline__ void sum_and_collect(const T* __restrict__ row, long long stride,
                                                 int V, float shift, Grade grade,
@@ -553,7 +635,12 @@ __device__ __forceinline__ void sum_and_collect(const T* __restrict__ row, long 
       // Runs whose every value is at least this in magnitude have exact differences with
       // the shift (fast grade only: |shift| >= 4).
       const T least = from_f32<T>(exact_from<kSignificand<T>>(shift));
-      if constexpr (kFastGrade<Grade> && std::is_same<Sum, TermSum>::value) {
+      constexpr bool kTerms = std::is_same<Sum, TermSum>::value;
+      if constexpr (kTerms && std::is_same<Grade, Absolute>::value) {
+        // Past its queue, the generic loop below (rows of many large values).
+        if (absolute_pass(row, V, floor_key, sum, s)) return;
+      }
+      if constexpr (kFastGrade<Grade> && kTerms) {
         fast_runs(row, V, shift, floor_key, least, sum, s, one);
       } else {
         for_each_run_once(
@@ -643,68 +730,6 @@ __device__ __forceinline__ void first_batch_keys(const T* __restrict__ row, int 
   }
   keys[0] = float_key(to_f32(mx.x));
   keys[1] = float_key(to_f32(mx.y));
-}
-
-// One token of the absolute grade's slow route: NaN / +inf flagged, else its term added
-// and the token collected if it is at or above the floor.
-__device__ __forceinline__ void absolute_token(float x, int id, uint32_t floor_key, U128& sum,
-                                               int& bad, CandShared& s) {
-  if (isnan(x) || x == INFINITY) {
-    bad = 1;
-    return;
-  }
-  sum = add128(sum, fixed_term(x, 0.0f, Absolute{}));
-  collect_token(s, floor_key, id, x);
-}
-
-// The one read's loop over a 16-bit row's runs: every run's packed maximum into `mx` (NaN
-// kept: a NaN or +inf there is how the caller finds them, queued or not); a
-// run under kAbsoluteRunBelow (NaN-free) summed at once (its eight absolute terms), and
-// queued for its tokens' collection if it reaches the floor (entry id0); any other run
-// (a large value, NaN or +inf) queued whole (entry ~id0). The queue is then done token by
-// token, one a thread. The sum is of integers and the tokens are ranked after, so order
-// does not matter. Past the queue's kDeferCap runs nothing more is queued (s.defer_count
-// says so; one_read then reads the row again), so the loop calls nothing out of line: a
-// call's saved registers had the loop spill its maximum every run (ptxas, sm_90).
-template <typename T, typename One>
-__device__ __forceinline__ void absolute_runs(const T* __restrict__ row, int V,
-                                              uint32_t floor_key, TermSum& sum,
-                                              typename PairOf<T>::type& mx, int& bad,
-                                              CandShared& s, One&& one) {
-  using P = typename PairOf<T>::type;
-  // Values below `below` have keys under the floor (as in fast_runs).
-  const T below = from_f32_up<T>(float_of_key(floor_key));
-  const T cap = from_f32<T>(kAbsoluteRunBelow);
-  const P below2{below, below}, cap2{cap, cap};
-  const auto queue = [&](int entry) {
-    const int slot = atomicAdd(&s.defer_count, 1);
-    if (slot < kDeferCap) s.deferred[slot] = entry;
-  };
-  for_each_run<4, true>(
-      row, V,
-      [&](int id0, const uint4& v) {
-        const P top = run_max2_nan<T>(v);
-        mx = __hmax2_nan(mx, top);
-        if (!__hblt2(top, cap2)) {
-          queue(~id0);
-          return;
-        }
-        sum.add_absolute<T>(v);
-        if (!__hblt2(top, below2)) queue(id0);
-      },
-      one);
-  __syncthreads();  // every run queued
-  const int tokens = min(s.defer_count, kDeferCap) * kRun<T>;
-  for (int t = threadIdx.x; t < tokens; t += blockDim.x) {
-    const int entry = s.deferred[t / kRun<T>];
-    const int id = (entry < 0 ? ~entry : entry) + t % kRun<T>;
-    const float x = to_f32(row[id]);
-    if (entry < 0) {
-      absolute_token(x, id, floor_key, sum.total, bad, s);
-    } else {
-      collect_token(s, floor_key, id, x);
-    }
-  }
 }
 
 // Keeps the s.ties entries [0, n) whose key is at least floor_key, in order, in place;
