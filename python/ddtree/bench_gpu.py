@@ -372,8 +372,8 @@ def main(argv=None) -> int:
         "--shift",
         type=float,
         default=0.0,
-        help="added to every logit: the same trees, another Z (e.g. 20 or -20 put every row "
-        "in the normaliser's fast or precise grade)",
+        help="added to every logit: the same trees, another Z (unshifted, every row is in the "
+        "normaliser's absolute grade; 30 or -20 put every row in its fast or precise grade)",
     )
     p.add_argument(
         "--uno",

@@ -756,9 +756,9 @@ __device__ int keep_at_or_above(CandShared& s, int n, uint32_t floor_key) {
 // above that floor, and finds the maximum, NaN / +inf and the threads' even and odd
 // maxima. Then `combine`; if the row is absolute its sum is done, and the kept tokens under
 // the whole row's floor (the K-th largest of those maxima, two_reads' floor) are dropped
-// before the selection. Else a second read sums the row in its relative grade, as
-// two_reads' pass 2 (the same floor, so the same kept tokens). Either way the outputs are
-// two_reads', bit for bit.
+// before the selection. Else (a row of a relative grade, or a queue past its cap) a second
+// read sums the row as two_reads' pass 2 (the same floor, so the same kept tokens). Either
+// way the outputs are two_reads', bit for bit.
 template <typename T, typename Combine>
 __device__ int one_read(const T* __restrict__ row, int V, int K, CandShared& s, float* max_out,
                         TermSum& sum, Combine&& combine) {
