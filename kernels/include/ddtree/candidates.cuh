@@ -778,7 +778,8 @@ __device__ int one_read(const T* __restrict__ row, int V, int K, CandShared& s, 
   const float even = fmaxf(to_f32(mx.x), tail[0]), odd = fmaxf(to_f32(mx.y), tail[1]);
   const auto nan_or_inf = [](float v) { return isnan(v) || v == INFINITY; };
   if (nan_or_inf(to_f32(mx.x)) || nan_or_inf(to_f32(mx.y))) local_bad = 1;
-  // Flag 1: NaN or +inf; flag 2: the queue overflowed. `combine` ORs them over a cluster.
+  // Flag 1: NaN or +inf; flag 2: the queue overflowed (a cluster's `combine` would OR them;
+  // top_k_pass gives one_read whole rows only).
   int flags = block_any(local_bad, s.iscratch) | (s.defer_count > kDeferCap ? 2 : 0);
   float m = block_max(fmaxf(even, odd), s.fscratch);
   combine(m, flags);
