@@ -811,8 +811,9 @@ __device__ int one_read(const T* __restrict__ row, int V, int K, CandShared& s, 
 // it applies (a whole aligned unit-stride 16-bit row summed into a TermSum, K at most
 // kOneReadMaxK), else two_reads. Measured on the H200 (BENCHMARKS.md, session 35): a
 // cluster block's chunk (2.3 runs a thread) waits on the same chain of latencies either
-// way and one_read's extra floor made bs = 1 slower; at K = 255 the first batch's floor
-// sat so low that the queue of runs to collect overflowed at bs = 64.
+// way and one_read's extra floor made bs = 1 slower; at K = 255 (bs = 8 and 64) one_read
+// was 1.10-1.13x slower than two_reads: the lower the first batch's floor, the more runs wait
+// in the queue for their tokens' collection.
 constexpr int kOneReadMaxK = 128;
 template <typename T, typename Sum, typename Combine = OneBlock>
 __device__ int top_k_pass(const T* __restrict__ row, long long stride, int V, int K,
