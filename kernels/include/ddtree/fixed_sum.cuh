@@ -158,13 +158,15 @@ __device__ __forceinline__ float exp_units(float d) {
   return __uint_as_float(__float_as_uint(e) + (__float_as_uint(jm) << 23));
 }
 
-// The absolute grade's term of x (not NaN, not +inf): e^x * 2^48 to the nearest integer.
-// Above kAbsoluteExpAbove a float64 exp, split exactly into two words (the low word is a
-// multiple of the float64's ulp there, 2^56 at most, below 2^64).
+// The absolute grade's term of x <= kAbsoluteExpAbove: e^x * 2^48 to the nearest integer,
+// under 2^64.
 __device__ __forceinline__ unsigned long long absolute_term64(float x) {
   return __float2ull_rn(exp_units<kAbsoluteUnitBits>(x));
 }
 
+// The absolute grade's term of any x (not NaN, not +inf; the maximum is not needed). Above
+// kAbsoluteExpAbove a float64 exp, split exactly into two words (the low word is a multiple
+// of the float64's ulp there, 2^11 or more, and below 2^64).
 __device__ __forceinline__ U128 fixed_term(float x, float, Absolute) {
   if (x <= kAbsoluteExpAbove) return {absolute_term64(x), 0ull};
   const double e = exp(static_cast<double>(x)) * kAbsoluteUnit;
