@@ -22,14 +22,15 @@ pytestmark = [
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def whole_row_stage1(x: torch.Tensor, k: int):
-    """The one-block stage-1 kernel's outputs (K = k) for logits `x`, that stage alone (the
-    selection would blank a rejected request's other rows)."""
+def whole_row_stage1(x: torch.Tensor, k: int, stages: int = 1):
+    """The stage-1 outputs (K = k) for logits `x`, that stage alone (the selection would
+    blank a rejected request's other rows); ``stages=1 | 16`` keeps the one-block kernel
+    where the launch would spread the rows over clusters."""
     bs, depth, _ = x.shape
     zeros = torch.zeros(bs, dtype=torch.int64, device=x.device)
     tree = _buffers.new_tree(bs, depth, k, k, x.device)
     scratch = _cuda.new_scratch(bs * depth, x.device)
-    _cuda.launch_build(tree, scratch, x, zeros, zeros, k, k, stages=1)
+    _cuda.launch_build(tree, scratch, x, zeros, zeros, k, k, stages=stages)
     return tree.topk_logprobs.flatten(0, 1), tree.topk_ids.flatten(0, 1)
 
 

@@ -1,15 +1,18 @@
 // SPEC stage 1 — candidates per depth: per (request, depth) row, the top-K tokens in
 // (value desc, id asc) order and the fp32 logsumexp, straight from bf16/fp16/fp32 logits.
 //
-// One block per row, one read of the row where its maximum puts its normaliser in the
-// absolute grade (fixed_sum.cuh: most logits), else two (one_read falls back to pass 2):
+// One block per row. A row whose maximum puts its normaliser in the absolute grade
+// (fixed_sum.cuh: most logits) is read once (one_read: 16-bit rows, K <= kOneReadMaxK),
+// other rows twice; a one_read row read a second time (its queue overflowed, or its
+// maximum is outside that grade) can be read a third where that pass's queue overflows too.
 //   pass 1: NaN/+inf check, the row max, and each thread's two maxima (of its even and of
 //           its odd tokens);
-//   pass 2: the fixed-point sum of exp(x - max) (fixed_sum.cuh), and every token at or
-//           above the K-th largest of those maxima (a lower bound of the row's K-th largest)
-//           into shared memory, where the top K are kept (select_kept): up to a few
-//           hundred such tokens are ranked directly, in rank order at once; more go
-//           through a radix select on (key, id) and a sort.
+//   pass 2: the fixed-point sum (fixed_sum.cuh: of exp(x - max), or of exp(x) in the
+//           absolute grade), and every token at or above the K-th largest of those maxima
+//           (a lower bound of the row's K-th largest) into shared memory, where the top K
+//           are kept (select_kept): up to a few hundred such tokens are ranked directly,
+//           in rank order at once; more go through a radix select on (key, id) and a
+//           sort.
 // `top_k_pass` is those reads for any run of tokens: partials.cuh runs it on chunks.
 // When too many tokens tie for shared memory, radix_select_row takes over: 12-bit digit
 // histograms over the whole row, then the tied tokens by id (an id-ordered block scan).
@@ -32,8 +35,9 @@ constexpr int kMaxK = 1024;
 
 constexpr int kTieCap = 8192;  // tokens selected among in shared memory
 constexpr int kSmallBins = 256;
-// Runs pass 2's fast loop leaves for after it (fast_runs): at most this many a block, the
-// rest done at once, out of line.
+// Runs a loop queues for after it (fast_runs, absolute_runs): at most this many a block.
+// Past it, fast_runs does the rest at once, out of line; absolute_runs queues nothing more
+// and its pass is read again.
 constexpr int kDeferCap = 2048;
 
 struct CandShared {
@@ -43,14 +47,16 @@ struct CandShared {
   };
   uint64_t cand[kMaxK];  // (key << 32) | (0xffffffff - id): larger = ranked earlier
   uint32_t small_hist[kSmallBins];
-  int deferred[kDeferCap];  // first token of each run pass 2 left for after its loop
+  int deferred[kDeferCap];  // each queued run's first token (~it for a run queued whole)
   float fscratch[32];
   double dscratch[32];
   U128 uscratch[32];
   int iscratch[32];
   int count;      // candidates collected so far
   int tie_count;  // entries in ties
-  int defer_count;  // runs pass 2 left for after its loop (may exceed kDeferCap)
+  int defer_count;  // runs a loop queued for after it (may exceed kDeferCap)
+  int whole_count;  // of those, the absolute loop's runs queued whole (values of 9 or more)
+  uint32_t top_key;  // kth_largest_thread_key's largest key, where asked for
   int sel_bin;    // threshold bin of the current digit
   int sel_above;  // tokens in bins above it
   uint32_t kth_above;  // warp_crossing_digit's count: entries in digits above the chosen one
@@ -289,14 +295,18 @@ __device__ void collect_by_id(const T* __restrict__ row, long long stride, int V
 // The K-th largest of the block's keys, two a thread (K <= 2 * blockDim.x), or a key below
 // it that no value of the row's type lies between: a radix select, 8 bits a round from the
 // top, until `kKeyBits` (KeyBits: the bits a key of the type can vary in) are decided; the
-// undecided low bits are returned as 0. Three barriers a round.
-template <int kKeyBits>
+// undecided low bits are returned as 0. Three barriers a round. kTop: s.top_key gets the
+// largest key too, found beside the first round's histogram (a warp maximum and one shared
+// atomic a warp: no barrier of its own; a pointer out instead put the caller's word on the
+// stack, ptxas -v).
+template <int kKeyBits, bool kTop = false>
 __device__ uint32_t kth_largest_thread_key(CandShared& s, const uint32_t (&mine)[2], int K) {
   uint32_t prefix = 0;  // the decided high bits
   uint32_t need = K;    // keys still needed at or above the prefix
   int decided = 0;
   for (; decided < kKeyBits; decided += 8) {
     for (int b = threadIdx.x; b < kSmallBins; b += blockDim.x) s.small_hist[b] = 0;
+    if (kTop && decided == 0 && threadIdx.x == 0) s.top_key = 0;
     __syncthreads();
     const int shift = 24 - decided;
 #pragma unroll
@@ -304,6 +314,10 @@ __device__ uint32_t kth_largest_thread_key(CandShared& s, const uint32_t (&mine)
       if (decided == 0 || (mine[h] >> (shift + 8)) == prefix) {
         hist_add(s.small_hist, (mine[h] >> shift) & 255u);
       }
+    }
+    if (kTop && decided == 0) {
+      const uint32_t warp_top = __reduce_max_sync(0xffffffffu, max(mine[0], mine[1]));
+      if (threadIdx.x % kWarp == 0) atomicMax(&s.top_key, warp_top);
     }
     __syncthreads();
     if (threadIdx.x < kWarp) warp_crossing_digit(s.small_hist, need, &s.sel_bin, &s.kth_above);
@@ -422,7 +436,7 @@ __device__ __forceinline__ void max_pass(const T* __restrict__ row, long long st
   float mx[2] = {-INFINITY, -INFINITY};
   int bad = 0;
   const auto one = [&](int id, float x) {
-    bad |= (isnan(x) || x == INFINITY) ? 1 : 0;
+    bad |= bad_value(x) ? 1 : 0;
     mx[id & 1] = fmaxf(mx[id & 1], x);
   };
   bool packed_runs = false;
@@ -451,6 +465,34 @@ __device__ __forceinline__ void collect_token(CandShared& s, uint32_t floor_key,
     const int slot = atomicAdd(&s.tie_count, 1);
     if (slot < kTieCap) s.ties[slot] = composite(key, id);
   }
+}
+
+// The smallest value of the type whose key is at least floor_key: a run whose packed
+// maximum is below it holds no candidate (-0.0 and 0.0 share a key and compare equal).
+template <typename T>
+__device__ __forceinline__ T floor_value(uint32_t floor_key) {
+  return from_f32_up<T>(float_of_key(floor_key));
+}
+
+// The queue's tokens (its first kDeferCap runs), one a thread: f(whole, id, x) for each
+// token of each entry, id0 or, for a run queued whole, ~id0.
+template <typename T, typename F>
+__device__ __forceinline__ void drain_queue(const T* __restrict__ row, const CandShared& s,
+                                            F&& f) {
+  const int tokens = min(s.defer_count, kDeferCap) * kRun<T>;
+  for (int t = threadIdx.x; t < tokens; t += blockDim.x) {
+    const int entry = s.deferred[t / kRun<T>];
+    const int id = (entry < 0 ? ~entry : entry) + t % kRun<T>;
+    f(entry < 0, id, to_f32(row[id]));
+  }
+}
+
+// Clears a pass's sum, kept tokens and queue before the row is read again.
+__device__ __forceinline__ void restart_pass(TermSum& sum, CandShared& s) {
+  __syncthreads();  // every thread has read the counts
+  sum.total = U128{0ull, 0ull};
+  if (threadIdx.x == 0) s.tie_count = s.defer_count = s.whole_count = 0;
+  __syncthreads();
 }
 
 // One 16-bit run of pass 2, any route: its tokens at or above the floor collected, its
@@ -502,7 +544,7 @@ __device__ __forceinline__ void fast_runs(const T* __restrict__ row, int V, floa
   // then down again to the type. A floor at -inf (fewer than K finite maxima) makes
   // `below` a NaN: every run is then queued (each holds candidates anyway) and, past the
   // queue, done out of line, slower than in the loop but the same outputs.
-  const T below = from_f32_up<T>(float_of_key(floor_key));
+  const T below = floor_value<T>(floor_key);
   const T far = from_f32_down<T>(__fsub_rd(shift, -kNearBelowMax));
   const P below2{below, below}, far2{far, far}, least2{least, least};
   for_each_run<4, true>(
@@ -527,18 +569,14 @@ __device__ __forceinline__ void fast_runs(const T* __restrict__ row, int V, floa
   // whole by one thread (eight float64 terms in a row near the maximum) held its block at
   // the next barrier: 17 % of the wide cluster's stall samples at bs = 1 (BENCHMARKS.md
   // session 32).
-  const int tokens = min(s.defer_count, kDeferCap) * kRun<T>;
-  for (int t = threadIdx.x; t < tokens; t += blockDim.x) {
-    const int id = s.deferred[t / kRun<T>] + t % kRun<T>;
-    one(id, to_f32(row[id]));
-  }
+  drain_queue(row, s, [&](bool, int id, float x) { one(id, x); });
 }
 
 // One token of the absolute grade's slow route: NaN / +inf flagged, else its term added
 // and the token collected if it is at or above the floor.
 __device__ __forceinline__ void absolute_token(float x, int id, uint32_t floor_key, U128& sum,
                                                int& bad, CandShared& s) {
-  if (isnan(x) || x == INFINITY) {
+  if (bad_value(x)) {
     bad = 1;
     return;
   }
@@ -562,12 +600,17 @@ __device__ __forceinline__ void absolute_runs(const T* __restrict__ row, int V,
                                               CandShared& s, One&& one) {
   using P = typename PairOf<T>::type;
   // Values below `below` have keys under the floor (as in fast_runs).
-  const T below = from_f32_up<T>(float_of_key(floor_key));
+  const T below = floor_value<T>(floor_key);
   const T cap = from_f32<T>(kAbsoluteRunBelow);
   const P below2{below, below}, cap2{cap, cap};
   const auto queue = [&](int entry) {
     const int slot = atomicAdd(&s.defer_count, 1);
     if (slot < kDeferCap) s.deferred[slot] = entry;
+  };
+  // Counted apart: past kDeferCap of them no pass of this loop fits its queue.
+  const auto queue_whole = [&](int id0) {
+    queue(~id0);
+    atomicAdd(&s.whole_count, 1);
   };
   for_each_run<4, true>(
       row, V,
@@ -575,7 +618,7 @@ __device__ __forceinline__ void absolute_runs(const T* __restrict__ row, int V,
         const P top = run_max2_nan<T>(v);
         mx = __hmax2_nan(mx, top);
         if (!__hblt2(top, cap2)) {
-          queue(~id0);
+          queue_whole(id0);
           return;
         }
         sum.add_absolute<T>(v);
@@ -583,17 +626,13 @@ __device__ __forceinline__ void absolute_runs(const T* __restrict__ row, int V,
       },
       one);
   __syncthreads();  // every run queued
-  const int tokens = min(s.defer_count, kDeferCap) * kRun<T>;
-  for (int t = threadIdx.x; t < tokens; t += blockDim.x) {
-    const int entry = s.deferred[t / kRun<T>];
-    const int id = (entry < 0 ? ~entry : entry) + t % kRun<T>;
-    const float x = to_f32(row[id]);
-    if (entry < 0) {
+  drain_queue(row, s, [&](bool whole, int id, float x) {
+    if (whole) {
       absolute_token(x, id, floor_key, sum.total, bad, s);
     } else {
       collect_token(s, floor_key, id, x);
     }
-  }
+  });
 }
 
 // absolute_runs as pass 2 of a row whose maximum is known (two_reads, and one_read's second
@@ -609,10 +648,7 @@ __device__ bool absolute_pass(const T* __restrict__ row, int V, uint32_t floor_k
     absolute_token(x, id, floor_key, sum.total, bad, s);
   });
   if (s.defer_count <= kDeferCap) return true;
-  __syncthreads();  // every thread has read the count
-  sum.total = U128{0ull, 0ull};
-  if (threadIdx.x == 0) s.tie_count = s.defer_count = 0;
-  __syncthreads();
+  restart_pass(sum, s);
   return false;
 }
 
@@ -621,11 +657,13 @@ __device__ bool absolute_pass(const T* __restrict__ row, int V, uint32_t floor_k
 // counts them all). 16-bit runs are routed whole (any_run): a run far below the shift
 // (fast grade) sums as far terms, a run under the floor collects nothing.
 //
-// The fast and the absolute grades' sums have loops of their own (fast_runs, absolute_pass).
+// The fast and the absolute grades' sums have loops of their own (fast_runs, absolute_pass);
+// `absolute_fits` false skips absolute_pass where its queue is known to overflow.
 template <typename T, typename Sum, typename Grade>
 __device__ __forceinline__ void sum_and_collect(const T* __restrict__ row, long long stride,
                                                 int V, float shift, Grade grade,
-                                                uint32_t floor_key, Sum& sum, CandShared& s) {
+                                                uint32_t floor_key, Sum& sum, CandShared& s,
+                                                bool absolute_fits = true) {
   const auto one = [&](int id, float x) {
     sum.add(x, shift, grade);
     collect_token(s, floor_key, id, x);
@@ -638,7 +676,7 @@ __device__ __forceinline__ void sum_and_collect(const T* __restrict__ row, long 
       constexpr bool kTerms = std::is_same<Sum, TermSum>::value;
       if constexpr (kTerms && std::is_same<Grade, Absolute>::value) {
         // Past its queue, the generic loop below (rows of many large values).
-        if (absolute_pass(row, V, floor_key, sum, s)) return;
+        if (absolute_fits && absolute_pass(row, V, floor_key, sum, s)) return;
       }
       if constexpr (kFastGrade<Grade> && kTerms) {
         fast_runs(row, V, shift, floor_key, least, sum, s, one);
@@ -684,7 +722,7 @@ struct OneBlock {  // the default `combine`: the block reads the whole row
 template <typename T, typename Sum, typename Combine>
 __device__ int two_reads(const T* __restrict__ row, long long stride, int V, int K,
                          CandShared& s, float* max_out, Sum& sum, Combine&& combine) {
-  if (threadIdx.x == 0) s.count = s.tie_count = s.defer_count = 0;
+  if (threadIdx.x == 0) s.count = s.tie_count = s.defer_count = s.whole_count = 0;
   int local_bad;
   float local_max[2];
   max_pass(row, stride, V, local_max, &local_bad);
@@ -757,16 +795,25 @@ __device__ int keep_at_or_above(CandShared& s, int n, uint32_t floor_key) {
 // maxima. Then `combine`; if the row is absolute its sum is done, and the kept tokens under
 // the whole row's floor (the K-th largest of those maxima, two_reads' floor) are dropped
 // before the selection. Else (a row of a relative grade, or a queue past its cap) a second
-// read sums the row as two_reads' pass 2 (the same floor, so the same kept tokens). Either
-// way the outputs are two_reads', bit for bit.
+// read sums the row as two_reads' pass 2 (the same floor, so the same kept tokens); that
+// pass skips absolute_pass where more runs were queued whole than its queue holds (it
+// would overflow too: a third read). A row whose first batch's maximum is outside the
+// absolute grade's range takes two_reads at once: above kAbsoluteTo the row's maximum is
+// too, and below kAbsoluteFrom it likely is (log-probabilities: every value at most 0), so
+// the one read would be a wasted third: one_read returns kTwoReads, having written nothing
+// but its counts (top_k_pass calls two_reads once: called twice, it was not inlined and the
+// row's sum went to the stack, ptxas -v). Either way the outputs are two_reads', bit for bit.
+constexpr int kTwoReads = -1;
 template <typename T, typename Combine>
 __device__ int one_read(const T* __restrict__ row, int V, int K, CandShared& s, float* max_out,
                         TermSum& sum, Combine&& combine) {
   using P = typename PairOf<T>::type;
-  if (threadIdx.x == 0) s.count = s.tie_count = s.defer_count = 0;
+  if (threadIdx.x == 0) s.count = s.tie_count = s.defer_count = s.whole_count = 0;
   uint32_t keys[2];
   first_batch_keys(row, V, keys);
-  const uint32_t first_floor = kth_largest_thread_key<KeyBits<T>::value>(s, keys, K);
+  constexpr bool kTop = true;
+  const uint32_t first_floor = kth_largest_thread_key<KeyBits<T>::value, kTop>(s, keys, K);
+  if (!absolute_row(float_of_key(s.top_key))) return kTwoReads;
   const T ninf = from_f32<T>(-INFINITY);
   P mx{ninf, ninf};
   float tail[2] = {-INFINITY, -INFINITY};  // the tokens after the last whole run
@@ -776,8 +823,7 @@ __device__ int one_read(const T* __restrict__ row, int V, int K, CandShared& s, 
     absolute_token(x, id, first_floor, sum.total, local_bad, s);
   });
   const float even = fmaxf(to_f32(mx.x), tail[0]), odd = fmaxf(to_f32(mx.y), tail[1]);
-  const auto nan_or_inf = [](float v) { return isnan(v) || v == INFINITY; };
-  if (nan_or_inf(to_f32(mx.x)) || nan_or_inf(to_f32(mx.y))) local_bad = 1;
+  if (bad_value(to_f32(mx.x)) || bad_value(to_f32(mx.y))) local_bad = 1;
   // Flag 1: NaN or +inf; flag 2: the queue overflowed (a cluster's `combine` would OR them;
   // top_k_pass gives one_read whole rows only).
   int flags = block_any(local_bad, s.iscratch) | (s.defer_count > kDeferCap ? 2 : 0);
@@ -794,13 +840,11 @@ __device__ int one_read(const T* __restrict__ row, int V, int K, CandShared& s, 
     return 0;
   }
   // A relative-grade row, or a queue past its cap: two_reads' pass 2 (its floor).
-  __syncthreads();  // every thread has read the counts
-  sum.total = U128{0ull, 0ull};
-  if (threadIdx.x == 0) s.tie_count = s.defer_count = 0;
-  __syncthreads();
+  const bool absolute_fits = s.whole_count <= kDeferCap;
+  restart_pass(sum, s);
   const float shift = (m == -INFINITY) ? 0.0f : m;
   with_grade(shift, [&](auto grade) {
-    sum_and_collect(row, 1, V, shift, grade, floor_key, sum, s);
+    sum_and_collect(row, 1, V, shift, grade, floor_key, sum, s, absolute_fits);
   });
   __syncthreads();
   select_collected(row, 1, V, K, s.tie_count, s);
@@ -822,7 +866,8 @@ __device__ int top_k_pass(const T* __restrict__ row, long long stride, int V, in
   constexpr bool kWholeRow = std::is_same<std::decay_t<Combine>, OneBlock>::value;
   if constexpr (kPacked<T> && std::is_same<Sum, TermSum>::value && kWholeRow) {
     if (reads_in_runs(row, stride) && K <= kOneReadMaxK) {
-      return one_read(row, V, K, s, max_out, sum, combine);
+      const int rejected = one_read(row, V, K, s, max_out, sum, combine);
+      if (rejected != kTwoReads) return rejected;
     }
   }
   return two_reads(row, stride, V, K, s, max_out, sum, combine);

@@ -3,7 +3,8 @@
 // reads its 1/kCandCluster of the row; the blocks exchange through distributed shared
 // memory, in one launch:
 //   1. each block's maximum and NaN/+inf flag, combined: the row's (top_k_pass's
-//      `combine`), so every block sums against the row's maximum in the row's grade;
+//      `combine`), so every block sums in the row's grade (against its maximum, unless
+//      the grade is absolute);
 //   2. each block's top K of its chunk (global ids) and fixed-point sum;
 //   3. block 0 merges the blocks' sorted lists (each entry ranked by binary searches in the
 //      others) and adds their sums, then writes as candidates_row does.

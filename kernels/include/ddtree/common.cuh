@@ -49,6 +49,9 @@ template <typename T> struct KeyBits { static constexpr int value = 32; };
 template <> struct KeyBits<__nv_bfloat16> { static constexpr int value = 16; };
 template <> struct KeyBits<__half> { static constexpr int value = 19; };
 
+// NaN or +inf: a value that rejects its row (SPEC stage 1).
+__device__ __forceinline__ bool bad_value(float x) { return isnan(x) || x == INFINITY; }
+
 // Larger float -> larger key; -0.0 and 0.0 share a key (they tie, SPEC: ties by id).
 __device__ __forceinline__ uint32_t float_key(float x) {
   if (x == 0.0f) x = 0.0f;

@@ -3,7 +3,8 @@
 //   partial_row:     one block per part: its top K (value desc, id asc; global ids), its
 //                    maximum and its NaN/+inf flag (one `top_k_pass`);
 //   partial_sum_row: one block per part, once every part's maximum is known: its
-//                    fixed-point sum of exp(x - row max) (fixed_sum.cuh);
+//                    fixed-point sum in the row's grade (fixed_sum.cuh: exp(x - row max),
+//                    or exp(x) where that grade is absolute);
 //   merge_row:       one block per row: the top K of every part's list, and Z from the
 //                    parts' sums — exactly `candidates_row` on the whole row, bit for bit:
 //                    the rank order is comparisons only and the fixed-point sum is exact.
@@ -53,8 +54,8 @@ __device__ __forceinline__ float parts_max(const float* __restrict__ maxima, int
   return block_max(m, scratch);
 }
 
-// One part's fixed-point sum against the row maximum `m` (NaN and +inf add nothing: such a
-// row is rejected at the merge anyway).
+// One part's fixed-point sum in the grade of the row maximum `m` (against it, unless the
+// grade is absolute; NaN and +inf add nothing: such a row is rejected at the merge anyway).
 template <typename T>
 __device__ void partial_sum_row(const T* __restrict__ part, long long stride, int len, float m,
                                 U128* __restrict__ out, U128* scratch) {
@@ -62,7 +63,7 @@ __device__ void partial_sum_row(const T* __restrict__ part, long long stride, in
   U128 sum{0ull, 0ull};
   with_grade(shift, [&](auto grade) {  // the row's grade: the same on every part
     for_each_in_row(part, stride, len, [&](int, float x) {
-      if (!isnan(x) && x != INFINITY) sum = add128(sum, fixed_term(x, shift, grade));
+      if (!bad_value(x)) sum = add128(sum, fixed_term(x, shift, grade));
     });
   });
   sum = block_sum128(sum, scratch);

@@ -139,8 +139,8 @@ __device__ __forceinline__ typename PairOf<T>::type pair_at(const uint4& v, int 
   return *reinterpret_cast<const typename PairOf<T>::type*>(&word);
 }
 
-// The largest values of a 16-bit run's even and odd tokens, as a pair (NaN-free: pass 2
-// never sees a NaN).
+// The largest values of a 16-bit run's even and odd tokens, as a pair (a NaN is passed over:
+// pass 2 never sees one, and the one read's first batch only bounds the row's maximum).
 template <typename T>
 __device__ __forceinline__ typename PairOf<T>::type run_max2(const uint4& v) {
   return __hmax2(__hmax2(pair_at<T>(v, 0), pair_at<T>(v, 1)),
@@ -192,8 +192,7 @@ struct PackedMax {
 
   // NaN or +inf among the runs' tokens.
   __device__ __forceinline__ bool bad() const {
-    const float a = to_f32(nan_max.x), b = to_f32(nan_max.y);
-    return isnan(a) || isnan(b) || a == INFINITY || b == INFINITY;
+    return bad_value(to_f32(nan_max.x)) || bad_value(to_f32(nan_max.y));
   }
 };
 
