@@ -19,7 +19,7 @@ __device__ __forceinline__ const T* row_of(const BuildParams& p, int row) {
 
 }  // namespace ddtree
 
-#define DDTREE_CANDIDATES(NAME, T)                                                          \
+#define DDTREE_CANDIDATES(NAME, T, ONE_READ)                                                \
   extern "C" __global__ void __launch_bounds__(ddtree::kCandThreads)                      \
       NAME(const __grid_constant__ ddtree::BuildParams p) {                               \
     extern __shared__ __align__(16) char smem[];                                            \
@@ -27,14 +27,19 @@ __device__ __forceinline__ const T* row_of(const BuildParams& p, int row) {
     const int row = blockIdx.x;                                                             \
     const T* r = ddtree::row_of<T>(p, row);                                                 \
     const long long at = static_cast<long long>(row) * p.K;                                 \
-    ddtree::candidates_row<T>(r, p.s2, p.V, p.K, p.out.topk_logprobs + at,                 \
+    ddtree::candidates_row<T, ONE_READ>(r, p.s2, p.V, p.K, p.out.topk_logprobs + at,       \
                               p.out.topk_ids + at, p.scratch.eligible + row,                \
                               p.scratch.bad + row, s);                                      \
   }
 
-DDTREE_CANDIDATES(ddtree_candidates_f32, float)
-DDTREE_CANDIDATES(ddtree_candidates_f16, __half)
-DDTREE_CANDIDATES(ddtree_candidates_bf16, __nv_bfloat16)
+DDTREE_CANDIDATES(ddtree_candidates_f32, float, true)
+DDTREE_CANDIDATES(ddtree_candidates_f16, __half, true)
+DDTREE_CANDIDATES(ddtree_candidates_bf16, __nv_bfloat16, true)
+// The same rows for K > kOneReadMaxK: two_reads alone (top_k_pass says why). f32 rows never
+// take one_read; its entry keeps the per-dtype table whole.
+DDTREE_CANDIDATES(ddtree_candidates_wide_f32, float, false)
+DDTREE_CANDIDATES(ddtree_candidates_wide_f16, __half, false)
+DDTREE_CANDIDATES(ddtree_candidates_wide_bf16, __nv_bfloat16, false)
 
 // The same rows, each spread over a cluster of kCandCluster blocks (candidates_cluster.cuh):
 // blockIdx.x / kCandCluster is the row.

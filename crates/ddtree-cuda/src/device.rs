@@ -47,13 +47,17 @@ impl Drop for ContextGuard {
 /// The kernels of one device.
 pub struct Device {
     pub ctx: Arc<CudaContext>,
-    /// Stage 1 (f32, f16, bf16 each): one block a row, and a cluster of blocks a row.
+    /// Stage 1 (f32, f16, bf16 each): one block a row (`candidates_wide` where K is past
+    /// [`crate::launch::ONE_READ_MAX_K`]: the two reads alone, `launch::one_block_candidates`
+    /// says why), and a cluster of blocks a row.
     pub candidates: [CUfunction; 3],
+    pub candidates_wide: [CUfunction; 3],
     pub candidates_cluster: [CUfunction; 3],
     /// Clusters of `candidates_cluster` (per dtype) the GPU runs at once: the rows whose
     /// clusters all fit in one wave (0 where none fits or the driver cannot tell).
     pub clusters: [u32; 3],
-    /// Blocks of `candidates` (per dtype) the GPU holds at once at
+    /// Blocks of `candidates` (per dtype; `candidates_wide` has the same shared memory and
+    /// launch bounds, and fewer registers) the GPU holds at once at
     /// [`crate::launch::CANDIDATE_THREADS`] threads and at half that
     /// (`launch::candidate_threads` picks between them).
     pub resident: [launch::Resident; 3],
@@ -170,6 +174,11 @@ impl Device {
             f(cand_module, "ddtree_candidates_f16")?,
             f(cand_module, "ddtree_candidates_bf16")?,
         ];
+        let cand_wide = [
+            f(cand_module, "ddtree_candidates_wide_f32")?,
+            f(cand_module, "ddtree_candidates_wide_f16")?,
+            f(cand_module, "ddtree_candidates_wide_bf16")?,
+        ];
         let cand_cluster = [
             f(cand_module, "ddtree_candidates_cluster_f32")?,
             f(cand_module, "ddtree_candidates_cluster_f16")?,
@@ -189,6 +198,7 @@ impl Device {
         allow_dynamic_smem(select_fn, crate::launch::MAX_DYNAMIC_SMEM)?;
         for c in cand
             .into_iter()
+            .chain(cand_wide)
             .chain(cand_cluster)
             .chain(partials)
             .chain([merge_partials])
@@ -235,6 +245,7 @@ impl Device {
                 f(attention, "ddtree_attention_merge_f16")?,
             ],
             candidates: cand,
+            candidates_wide: cand_wide,
             candidates_cluster: cand_cluster,
             clusters: cand_cluster.map(max_active_clusters),
             resident: cand.map(|c| resident_candidates(&ctx, c)),

@@ -68,6 +68,31 @@ pub fn candidate_threads(shape: &BuildShape, resident: Resident) -> u32 {
     }
 }
 
+/// The largest K whose one-block-a-row stage-1 kernel may read a row once
+/// (`kOneReadMaxK`, candidates.cuh).
+pub const ONE_READ_MAX_K: usize = 128;
+
+/// Which build of the one-block-a-row stage-1 kernel a shape runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OneBlockKernel {
+    /// `ddtree_candidates_*`: one read where the row allows it, else two.
+    MayReadOnce,
+    /// `ddtree_candidates_wide_*`: the two reads alone, for K past [`ONE_READ_MAX_K`],
+    /// which never reads once. The same outputs; compiled without the one read's code it
+    /// spills no registers (ptxas -v: 16 bytes otherwise), and the kernel with it ran the
+    /// K = 255 build 4.6 % slower on the H200 (BENCHMARKS.md, session 36).
+    TwoReads,
+}
+
+/// The one-block-a-row stage-1 kernel for `shape` ([`OneBlockKernel`]).
+pub fn one_block_candidates(shape: &BuildShape) -> OneBlockKernel {
+    if shape.k <= ONE_READ_MAX_K {
+        OneBlockKernel::MayReadOnce
+    } else {
+        OneBlockKernel::TwoReads
+    }
+}
+
 /// Blocks a row of the clustered stage-1 kernel (`kCandCluster`).
 pub const CANDIDATE_CLUSTER: u32 = 8;
 /// The smallest vocabulary the clustered kernel takes (`kClusterMinVocab`: every block's
@@ -185,6 +210,26 @@ mod tests {
         // The grid's parts must be the kernel's: fewer would leave ancestor rows unwritten.
         let header = include_str!("../../../kernels/include/ddtree/emit.cuh");
         assert!(header.contains(&format!("kEmitRows = {EMIT_ROWS};")));
+    }
+
+    #[test]
+    fn the_wide_kernel_takes_exactly_the_ks_past_the_one_read() {
+        assert_eq!(
+            one_block_candidates(&shape(255, 1)),
+            OneBlockKernel::MayReadOnce
+        );
+        let at = |k| one_block_candidates(&shape(255, k));
+        assert_eq!(at(ONE_READ_MAX_K), OneBlockKernel::MayReadOnce);
+        assert_eq!(at(ONE_READ_MAX_K + 1), OneBlockKernel::TwoReads);
+        assert_eq!(at(1023), OneBlockKernel::TwoReads);
+        // The kernel's own cut must be this one: past it one_read never runs, so the wide
+        // kernel (every dtype's) gives up nothing.
+        let header = include_str!("../../../kernels/include/ddtree/candidates.cuh");
+        assert!(header.contains(&format!("kOneReadMaxK = {ONE_READ_MAX_K};")));
+        let entry = include_str!("../../../kernels/candidates.cu");
+        for dtype in ["f32", "f16", "bf16"] {
+            assert!(entry.contains(&format!("ddtree_candidates_wide_{dtype},")));
+        }
     }
 
     fn shape(budget: usize, k: usize) -> BuildShape {

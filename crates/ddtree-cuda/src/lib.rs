@@ -333,11 +333,17 @@ pub(crate) fn build_kernels(
             launch::CANDIDATE_CLUSTER,
             CANDIDATE_THREADS,
         )
-    } else if one_block {
-        (dev.candidates[index], 1, CANDIDATE_THREADS)
     } else {
-        let threads = launch::candidate_threads(shape, dev.resident[index]);
-        (dev.candidates[index], 1, threads)
+        let one_block_fn = match launch::one_block_candidates(shape) {
+            launch::OneBlockKernel::MayReadOnce => dev.candidates[index],
+            launch::OneBlockKernel::TwoReads => dev.candidates_wide[index],
+        };
+        let threads = if one_block {
+            CANDIDATE_THREADS
+        } else {
+            launch::candidate_threads(shape, dev.resident[index])
+        };
+        (one_block_fn, 1, threads)
     };
     let all = [
         (

@@ -858,13 +858,16 @@ __device__ int one_read(const T* __restrict__ row, int V, int K, CandShared& s, 
 // way and one_read's extra floor made bs = 1 slower; at K = 255 (bs = 8 and 64) one_read
 // was 1.10-1.13x slower than two_reads: the lower the first batch's floor, the more runs wait
 // in the queue for their tokens' collection.
+// kOneRead false compiles two_reads alone (the kernel for K > kOneReadMaxK): with one_read's
+// code beside it, the K = 255 build ran 4.6 % slower on the H200 (BENCHMARKS.md, session
+// 36) though it never takes one_read, and 19 % slower with two_reads out of line.
 constexpr int kOneReadMaxK = 128;
-template <typename T, typename Sum, typename Combine = OneBlock>
+template <typename T, typename Sum, typename Combine = OneBlock, bool kOneRead = true>
 __device__ int top_k_pass(const T* __restrict__ row, long long stride, int V, int K,
                           CandShared& s, float* max_out, Sum& sum,
                           Combine&& combine = Combine{}) {
   constexpr bool kWholeRow = std::is_same<std::decay_t<Combine>, OneBlock>::value;
-  if constexpr (kPacked<T> && std::is_same<Sum, TermSum>::value && kWholeRow) {
+  if constexpr (kOneRead && kPacked<T> && std::is_same<Sum, TermSum>::value && kWholeRow) {
     if (reads_in_runs(row, stride) && K <= kOneReadMaxK) {
       const int rejected = one_read(row, V, K, s, max_out, sum, combine);
       if (rejected != kTwoReads) return rejected;
@@ -873,15 +876,16 @@ __device__ int top_k_pass(const T* __restrict__ row, long long stride, int V, in
   return two_reads(row, stride, V, K, s, max_out, sum, combine);
 }
 
-// Row outputs: lp[K], ti[K]; *eligible = finite ranks; *bad = NaN or +inf seen.
-template <typename T>
+// Row outputs: lp[K], ti[K]; *eligible = finite ranks; *bad = NaN or +inf seen. kOneRead:
+// top_k_pass's.
+template <typename T, bool kOneRead = true>
 __device__ void candidates_row(const T* __restrict__ row, long long stride, int V, int K,
                                float* __restrict__ lp, long long* __restrict__ ti,
                                int* __restrict__ eligible, int* __restrict__ bad,
                                CandShared& s) {
   TermSum terms;
   float m;
-  if (top_k_pass(row, stride, V, K, s, &m, terms)) {
+  if (top_k_pass<T, TermSum, OneBlock, kOneRead>(row, stride, V, K, s, &m, terms)) {
     write_rejected(K, lp, ti, eligible, bad);
     return;
   }
