@@ -79,8 +79,8 @@ pub enum OneBlockKernel {
     MayReadOnce,
     /// `ddtree_candidates_wide_*`: the two reads alone, for K past [`ONE_READ_MAX_K`],
     /// which never reads once. The same outputs; compiled without the one read's code it
-    /// spills no registers (ptxas -v: 16 bytes otherwise), and the kernel with it ran the
-    /// K = 255 build 4.6 % slower on the H200 (BENCHMARKS.md, session 36).
+    /// spills no registers (ptxas -v: 16 bytes otherwise) and ran stage 1 at bs = 64,
+    /// K = 255 1.07x faster on the H100 (BENCHMARKS.md, session 37).
     TwoReads,
 }
 

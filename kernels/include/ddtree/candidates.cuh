@@ -859,8 +859,9 @@ __device__ int one_read(const T* __restrict__ row, int V, int K, CandShared& s, 
 // was 1.10-1.13x slower than two_reads: the lower the first batch's floor, the more runs wait
 // in the queue for their tokens' collection.
 // kOneRead false compiles two_reads alone (the kernel for K > kOneReadMaxK): with one_read's
-// code beside it, the K = 255 build ran 4.6 % slower on the H200 (BENCHMARKS.md, session
-// 36) though it never takes one_read, and 19 % slower with two_reads out of line.
+// code beside it, stage 1 at K = 255 ran 4.6 % slower on the H200 (BENCHMARKS.md, session
+// 36) though it never takes one_read, 19 % slower with two_reads out of line (H100,
+// session 37); alone it spills nothing and ran 1.07x faster than with (H100, session 37).
 constexpr int kOneReadMaxK = 128;
 template <typename T, typename Sum, typename Combine = OneBlock, bool kOneRead = true>
 __device__ int top_k_pass(const T* __restrict__ row, long long stride, int V, int K,
