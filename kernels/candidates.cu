@@ -17,6 +17,14 @@ __device__ __forceinline__ const T* row_of(const BuildParams& p, int row) {
          static_cast<long long>(d) * p.s1;
 }
 
+// The stage-1 diagnostics slots of row `row` (one block a row: gridDim.x rows), after the
+// selection's; null where the build keeps no diagnostics.
+__device__ __forceinline__ long long* row_clocks(const BuildParams& p, int row) {
+  if (p.scratch.stats == nullptr) return nullptr;
+  const long long requests = gridDim.x / p.L;
+  return p.scratch.stats + requests * kSelectStatSlots + static_cast<long long>(row) * kPhaseSlots;
+}
+
 }  // namespace ddtree
 
 #define DDTREE_CANDIDATES(NAME, T, ONE_READ)                                                \
@@ -25,6 +33,7 @@ __device__ __forceinline__ const T* row_of(const BuildParams& p, int row) {
     extern __shared__ __align__(16) char smem[];                                            \
     ddtree::CandShared& s = *reinterpret_cast<ddtree::CandShared*>(smem);                    \
     const int row = blockIdx.x;                                                             \
+    ddtree::set_phase_clocks(s, ddtree::row_clocks(p, row));                                \
     const T* r = ddtree::row_of<T>(p, row);                                                 \
     const long long at = static_cast<long long>(row) * p.K;                                 \
     ddtree::candidates_row<T, ONE_READ>(r, p.s2, p.V, p.K, p.out.topk_logprobs + at,       \

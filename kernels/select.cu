@@ -7,6 +7,9 @@
 #include "ddtree/params.h"
 #include "ddtree/select_parallel.cuh"
 
+static_assert(ddtree::kStatSlots == ddtree::kSelectStatSlots,
+              "the stage-1 diagnostics start after the selection's slots");
+
 extern "C" __global__ void __launch_bounds__(ddtree::kSelectThreads, 1)
     ddtree_select(const __grid_constant__ ddtree::BuildParams p) {
   float* __restrict__ lp = p.out.topk_logprobs;

@@ -197,6 +197,36 @@ def test_stage1_in_half_blocks_equals_whole_blocks(chunk):
         assert_same_tree(halves, tree_with_stages(x, roots, prefix, budget, topk, 7 | 16))
 
 
+@pytest.mark.parametrize("bs", [1, 16])
+def test_the_diagnostics_buffer_leaves_the_build_as_it_was(bs):
+    """Stage 1 with and without the stage-1 diagnostics slots (`bench_gpu.stage1_clocks`:
+    half blocks at bs = 16; at bs = 1 whole blocks, the clustered kernel keeping no slots):
+    the same tree, bit for bit, on every kind and dtype. A release build writes no slot; a
+    diagnostics build (DDTREE_STAGE1_CLOCKS) a start and an end on every row, and phases
+    that add up to the row."""
+    from ddtree import bench_gpu
+
+    rng = np.random.default_rng(7700 + bs)
+    for case, dtype in enumerate(DTYPES * 2):
+        kind = KINDS[case % len(KINDS)]
+        budget = (63, 255)[case % 2]
+        x, roots, prefix = make_inputs(rng, kind, (bs, 15, 40000), dtype, case == 1, False)
+        x, roots, prefix = x.to(DEV), roots.to(DEV), prefix.to(DEV)
+        plain = tree_with_stages(x, roots, prefix, budget, None, 7 | 16)
+        k = _api.k_of(budget, x.shape[2], None)
+        tree = _buffers.new_tree(bs, 15, k, budget, x.device)
+        scratch = _cuda.new_scratch(bs * 15, x.device)
+        phases = bench_gpu.stage1_clocks(tree, scratch, x, roots, prefix, budget, k)
+        _cuda.launch_build(tree, scratch, x, roots, prefix, budget, k, stages=6)
+        assert_same_tree(plain, tree)
+        if phases is None:
+            continue
+        print(f"case {case}: a row {phases['row_cycles']:.0f} cycles, {phases['taken']}")
+        assert phases["rows"] == bs * 15 and phases["taken"]["write"] == bs * 15
+        assert sum(phases["cycles"].values()) == pytest.approx(phases["row_cycles"])
+        assert phases["span_us"] > 0 and phases["row_us"] > 0
+
+
 @pytest.mark.parametrize("budget, topk, store", [(63, None, 8), (255, None, 8), (63, 8, 16)])
 def test_the_first_threshold_spares_the_raises(budget, topk, store):
     """On DFlash-like rows the selection starts from the greedy chain's departures: the

@@ -16,9 +16,14 @@ const INSTALL_HINT: &str = "install nvcc 13.0 with: python3 -m pip install \
 
 const ARCHS: [&str; 2] = ["90", "120"];
 
+/// Set (to anything) to build the stage-1 diagnostics kernels: each row's phase clocks
+/// (candidates.cuh, `CandPhase`) go to the build's `stats` scratch. Benchmarks only.
+const STAGE1_CLOCKS: &str = "DDTREE_STAGE1_CLOCKS";
+
 fn main() {
     let kernels = Path::new(&env::var("CARGO_MANIFEST_DIR").unwrap()).join("../../kernels");
     println!("cargo:rerun-if-env-changed=DDTREE_NVCC");
+    println!("cargo:rerun-if-env-changed={STAGE1_CLOCKS}");
     println!("cargo:rerun-if-changed={}", kernels.display());
     let mut sources: Vec<PathBuf> = fs::read_dir(&kernels)
         .expect("kernels/ folder")
@@ -57,6 +62,9 @@ fn compile(nvcc: &Path, src: &Path, include: &Path, fatbin: &Path) {
     let mut cmd = Command::new(nvcc);
     cmd.args(["-fatbin", "-O3", "-std=c++17", "-Xptxas=-warn-spills"])
         .arg(format!("-I{}", include.display()));
+    if env::var_os(STAGE1_CLOCKS).is_some() {
+        cmd.arg(format!("-D{STAGE1_CLOCKS}"));
+    }
     let stem = src.file_stem().unwrap().to_str().unwrap();
     if stem.ends_with("_sm90a") {
         // Hopper-only code (wgmma): machine code for sm_90a alone, loaded on CC 9.0 only.

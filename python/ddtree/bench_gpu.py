@@ -183,6 +183,99 @@ def selection_stats(tree, scratch, x, roots, prefix, budget, k) -> dict:
     return out
 
 
+# Stage 1's phases in the diagnostics build (DDTREE_STAGE1_CLOCKS=1 at build time;
+# kernels/include/ddtree/candidates.cuh, `CandPhase`): each row's slots hold thread 0's
+# clock64 at the end of each phase it passed (0 where it did not), then %globaltimer at its
+# start and end (ns) and its SM.
+PHASES = (
+    "start",
+    "first floor",
+    "one read",
+    "reduce",
+    "row floor",
+    "keep",
+    "second read",
+    "max pass",
+    "floor",
+    "sum+collect",
+    "select",
+    "normaliser",
+    "write",
+)
+PHASE_SLOTS = 16
+SELECT_SLOTS = 16  # the selection's slots per request, before the rows' (params.h)
+START_NS, END_NS, SM = len(PHASES), len(PHASES) + 1, len(PHASES) + 2
+
+
+def stage1_phases(slots: torch.Tensor) -> dict | None:
+    """Where stage 1's rows spent their cycles, from the diagnostics slots `[rows, 16]`
+    (None where the kernels are the release build: nothing written). A row's marks are
+    sorted by clock; each gap goes to the later mark's phase. Also: the kernel's span from
+    the global timer, the mean row's time, how many rows were open at once on average
+    (sum of row times ÷ span), and the rows an SM ran."""
+    slots = slots.cpu().to(torch.int64)
+    if not bool((slots[:, 0] != 0).any()):
+        return None
+    cycles = {name: 0.0 for name in PHASES[1:]}
+    taken = dict.fromkeys(PHASES[1:], 0)
+    rows = slots.shape[0]
+    for r in slots.tolist():
+        marks = sorted((c, i) for i, c in enumerate(r[: len(PHASES)]) if c != 0)
+        for (c0, _), (c1, i) in zip(marks, marks[1:], strict=False):
+            cycles[PHASES[i]] += c1 - c0
+            taken[PHASES[i]] += 1
+    ns = (slots[:, END_NS] - slots[:, START_NS]).double()
+    row_cycles = (slots[:, len(PHASES) - 1] - slots[:, 0]).double()
+    span = float(slots[:, END_NS].max() - slots[:, START_NS].min())
+    per_sm = torch.bincount(slots[:, SM])
+    return {
+        "cycles": {n: c / rows for n, c in cycles.items()},
+        "taken": taken,
+        "rows": rows,
+        "row_cycles": float(row_cycles.mean()),
+        "row_us": float(ns.mean()) / 1e3,
+        "span_us": span / 1e3,
+        "open": float(ns.sum()) / span if span > 0 else 0.0,
+        "sm_rows": (int(per_sm[per_sm > 0].min()), int(per_sm.max())),
+    }
+
+
+def stage1_clocks(tree, scratch, x, roots, prefix, budget, k) -> dict | None:
+    """Stage 1 alone with its diagnostics slots (`stage1_phases`), launched as the build
+    launches it; where that is the clustered kernel (which keeps no slots), one block a row
+    of whole blocks instead (bit 16), and the result says so (`forced`)."""
+    bs, depth, _ = x.shape
+    for bits in (1, 1 | 16):
+        flat = torch.zeros(bs * SELECT_SLOTS + bs * depth * PHASE_SLOTS, dtype=torch.int64,
+                           device=x.device)  # fmt: skip
+        _cuda.launch_build(tree, dict(scratch, stats=flat), x, roots, prefix, budget, k, bits)
+        torch.cuda.synchronize()
+        phases = stage1_phases(flat[bs * SELECT_SLOTS :].view(bs * depth, PHASE_SLOTS))
+        if phases is not None:
+            return dict(phases, forced=bits != 1)
+    return None
+
+
+def print_stage1_phases(rows) -> None:
+    """The diagnostics build's stage-1 table (nothing for a release build)."""
+    have = [r for r in rows if r.get("stage1")]
+    if not have:
+        return
+    print("\n# stage 1 by phase (diagnostics build; mean cycles a row, thread 0's clock64;")
+    print("# open = rows in flight on average; rows an SM: least, most)")
+    names = PHASES[1:]
+    print("bs | B | " + " | ".join(names) + " | row cycles | row µs | span µs | open | rows an SM")
+    for r in have:
+        p = r["stage1"]
+        cells = [f"{p['cycles'][n]:.0f}" for n in names]
+        lo, hi = p["sm_rows"]
+        forced = " (one block a row, forced)" if p.get("forced") else ""
+        print(
+            f"{r['bs']} | {r['B']} | " + " | ".join(cells) + f" | {p['row_cycles']:.0f} | "
+            f"{p['row_us']:.1f} | {p['span_us']:.1f} | {p['open']:.1f} | {lo}–{hi}{forced}"
+        )
+
+
 def uno_columns(uno, tree, scratch, x, roots, prefix, budget, replays) -> dict:
     """UNO's build at Q = B + 1 with K = `bench_uno.uno_k`, its top-k alone, and ddtree's
     build with top-k cap K; {} where there is no UNO or its limits refuse the shape."""
@@ -245,6 +338,7 @@ def bench_one(bs, budget, depth, vocab, replays, seed, uno=None, shift=0.0) -> d
     row.update(parts_columns(tree, x, k, replays))
     row.update(uno_columns(uno, tree, scratch, x, roots, prefix, budget, replays))
     row["stats"] = selection_stats(tree, scratch, x, roots, prefix, budget, k)
+    row["stage1"] = stage1_clocks(tree, scratch, x, roots, prefix, budget, k)
     row["host_step"] = host_step_us(stepper, x, roots, prefix, 200)
     xf = x.float()
     row["torch_topk_lse"] = eager_time_us(
@@ -320,6 +414,7 @@ def print_table(rows) -> None:
     for r in rows:
         cells = [f"{r['stats'][n]:.{2 if n == 'parallel' else 0}f}" for n in STAT_NAMES]
         print(f"{r['bs']} | {r['B']} | " + " | ".join(cells))
+    print_stage1_phases(rows)
 
 
 def check_limits(p: argparse.ArgumentParser, budgets, depth: int) -> None:

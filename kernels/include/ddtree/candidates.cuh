@@ -60,6 +60,9 @@ struct CandShared {
   int sel_bin;    // threshold bin of the current digit
   int sel_above;  // tokens in bins above it
   uint32_t kth_above;  // warp_crossing_digit's count: entries in digits above the chosen one
+#ifdef DDTREE_STAGE1_CLOCKS
+  long long* clock_at;  // this row's kPhaseSlots diagnostics slots, or null
+#endif
 };
 
 static_assert(offsetof(CandShared, ties) % 16 == 0 && offsetof(CandShared, cand) % 16 == 0,
@@ -68,6 +71,61 @@ static_assert(offsetof(CandShared, ties) % 16 == 0 && offsetof(CandShared, cand)
 // Dynamic shared memory every candidates launch asks for (launch.rs: CANDIDATE_SMEM).
 constexpr int kCandSmem = 88 * 1024;
 static_assert(sizeof(CandShared) <= kCandSmem, "CandShared outgrew its launch size");
+
+// Diagnostics build only (DDTREE_STAGE1_CLOCKS, bench_gpu.py's stage-1 phases): thread 0
+// stamps clock64 as a row passes each phase's end, so the bench can say where a row's
+// cycles go. Without the macro mark_phase is empty and the kernels are the release ones.
+enum CandPhase {
+  kPhaseStart,        // the block begins
+  kPhaseFirstFloor,   // one_read: the first batch's floor
+  kPhaseOneRead,      // one_read: its loop and its queue
+  kPhaseReduce,       // one_read: NaN / +inf and the maximum, block-wide
+  kPhaseRowFloor,     // one_read: the whole row's floor
+  kPhaseKeep,         // one_read: kept tokens under that floor dropped
+  kPhaseSecondRead,   // one_read's second read (a relative-grade row or an overflow)
+  kPhaseMaxPass,      // two_reads: pass 1 and its reductions
+  kPhaseFloor,        // two_reads: the floor
+  kPhaseSumCollect,   // two_reads: pass 2
+  kPhaseSelect,       // the K kept tokens in rank order
+  kPhaseNormaliser,   // the block's sum and Z
+  kPhaseWrite,        // the row's outputs
+  kPhaseStartNs,      // %globaltimer at the start (ns; comparable across SMs)
+  kPhaseEndNs,        // %globaltimer at the end
+  kPhaseSm,           // the SM the block ran on
+  kPhaseSlots
+};
+
+__device__ __forceinline__ void mark_phase(CandShared& s, int phase) {
+#ifdef DDTREE_STAGE1_CLOCKS
+  if (s.clock_at != nullptr && threadIdx.x == 0) {
+    s.clock_at[phase] = clock64();
+    if (phase == kPhaseStart || phase == kPhaseWrite) {
+      unsigned long long ns;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+      s.clock_at[phase == kPhaseStart ? kPhaseStartNs : kPhaseEndNs] = static_cast<long long>(ns);
+    }
+    if (phase == kPhaseStart) {
+      unsigned sm;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+      s.clock_at[kPhaseSm] = sm;
+    }
+  }
+#else
+  (void)s;
+  (void)phase;
+#endif
+}
+
+// Points the block's marks at `slots` (null: none); a no-op without the macro.
+__device__ __forceinline__ void set_phase_clocks(CandShared& s, long long* slots) {
+#ifdef DDTREE_STAGE1_CLOCKS
+  if (threadIdx.x == 0) s.clock_at = slots;  // thread 0 alone reads it: no barrier
+  mark_phase(s, kPhaseStart);
+#else
+  (void)s;
+  (void)slots;
+#endif
+}
 
 __device__ __forceinline__ uint64_t composite(uint32_t key, int id) {
   return (static_cast<uint64_t>(key) << 32) | (0xffffffffu - static_cast<uint32_t>(id));
@@ -730,6 +788,7 @@ __device__ int two_reads(const T* __restrict__ row, long long stride, int V, int
   float m = block_max(fmaxf(local_max[0], local_max[1]), s.fscratch);
   combine(m, bad);
   *max_out = m;
+  mark_phase(s, kPhaseMaxPass);
   if (bad) return 1;
   const float shift = (m == -INFINITY) ? 0.0f : m;  // all -inf: every term is 0
 
@@ -740,11 +799,14 @@ __device__ int two_reads(const T* __restrict__ row, long long stride, int V, int
   // the whole row.
   const uint32_t keys[2] = {float_key(local_max[0]), float_key(local_max[1])};
   const uint32_t floor_key = kth_largest_thread_key<KeyBits<T>::value>(s, keys, K);
+  mark_phase(s, kPhaseFloor);
   with_grade(shift, [&](auto grade) {
     sum_and_collect(row, stride, V, shift, grade, floor_key, sum, s);
   });
   __syncthreads();
+  mark_phase(s, kPhaseSumCollect);
   select_collected(row, stride, V, K, s.tie_count, s);
+  mark_phase(s, kPhaseSelect);
   return 0;
 }
 
@@ -813,6 +875,7 @@ __device__ int one_read(const T* __restrict__ row, int V, int K, CandShared& s, 
   first_batch_keys(row, V, keys);
   constexpr bool kTop = true;
   const uint32_t first_floor = kth_largest_thread_key<KeyBits<T>::value, kTop>(s, keys, K);
+  mark_phase(s, kPhaseFirstFloor);
   if (!absolute_row(float_of_key(s.top_key))) return kTwoReads;
   const T ninf = from_f32<T>(-INFINITY);
   P mx{ninf, ninf};
@@ -822,6 +885,7 @@ __device__ int one_read(const T* __restrict__ row, int V, int K, CandShared& s, 
     tail[id & 1] = fmaxf(tail[id & 1], x);
     absolute_token(x, id, first_floor, sum.total, local_bad, s);
   });
+  mark_phase(s, kPhaseOneRead);
   const float even = fmaxf(to_f32(mx.x), tail[0]), odd = fmaxf(to_f32(mx.y), tail[1]);
   if (bad_value(to_f32(mx.x)) || bad_value(to_f32(mx.y))) local_bad = 1;
   // Flag 1: NaN or +inf; flag 2: the queue overflowed (a cluster's `combine` would OR them;
@@ -830,13 +894,17 @@ __device__ int one_read(const T* __restrict__ row, int V, int K, CandShared& s, 
   float m = block_max(fmaxf(even, odd), s.fscratch);
   combine(m, flags);
   *max_out = m;
+  mark_phase(s, kPhaseReduce);
   if (flags & 1) return 1;
   const uint32_t row_keys[2] = {float_key(even), float_key(odd)};
   const uint32_t floor_key = kth_largest_thread_key<KeyBits<T>::value>(s, row_keys, K);
+  mark_phase(s, kPhaseRowFloor);
   if (absolute_row(m) && !(flags & 2)) {
     int kept = s.tie_count;
     if (kept <= kTieCap) kept = keep_at_or_above(s, kept, floor_key);
+    mark_phase(s, kPhaseKeep);
     select_collected(row, 1, V, K, kept, s);
+    mark_phase(s, kPhaseSelect);
     return 0;
   }
   // A relative-grade row, or a queue past its cap: two_reads' pass 2 (its floor).
@@ -847,7 +915,9 @@ __device__ int one_read(const T* __restrict__ row, int V, int K, CandShared& s, 
     sum_and_collect(row, 1, V, shift, grade, floor_key, sum, s, absolute_fits);
   });
   __syncthreads();
+  mark_phase(s, kPhaseSecondRead);
   select_collected(row, 1, V, K, s.tie_count, s);
+  mark_phase(s, kPhaseSelect);
   return 0;
 }
 
@@ -893,7 +963,9 @@ __device__ void candidates_row(const T* __restrict__ row, long long stride, int 
   // Normaliser: Z = fp32(m + ln(sum exp(x - m))), the sum in fixed point (fixed_sum.cuh).
   const U128 sum = block_sum128(terms.total, s.uscratch);
   const float z = (m == -INFINITY) ? -INFINITY : fixed_normaliser(m, sum);
+  mark_phase(s, kPhaseNormaliser);
   write_sorted(row, stride, K, z, s.cand, lp, ti, eligible, bad, s);
+  mark_phase(s, kPhaseWrite);
 }
 
 }  // namespace ddtree

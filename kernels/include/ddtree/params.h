@@ -35,6 +35,10 @@ static_assert(sizeof(TreePtrs) == 96 && offsetof(TreePtrs, positions) == 8 &&
                   offsetof(TreePtrs, topk_ids) == 80 && offsetof(TreePtrs, status) == 88,
               "TreePtrs layout");
 
+// Diagnostic slots a request's selection writes (select_parallel.cuh's kStatSlots). The
+// stage-1 diagnostics build (DDTREE_STAGE1_CLOCKS) puts each row's kPhaseSlots after them.
+constexpr int kSelectStatSlots = 16;
+
 // A build's scratch: [bs * L] each, and the selection's diagnostics [bs, 16] or null.
 struct Scratch {
   int* eligible;
