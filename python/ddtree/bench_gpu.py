@@ -170,12 +170,15 @@ STAT_NAMES = (
 )
 
 
+SELECT_SLOTS = 16  # the selection's slots a request (params.h: kSelectStatSlots)
+
+
 def selection_stats(tree, scratch, x, roots, prefix, budget, k) -> dict:
     """The selection kernel's own diagnostics (kernels/include/ddtree/select_parallel.cuh,
     `SelectStat`), averaged over the batch: what it did and thread 0's clock cycles per
     phase."""
     bs = x.shape[0]
-    stats = torch.zeros(bs, 16, dtype=torch.int64, device=x.device)
+    stats = torch.zeros(bs, SELECT_SLOTS, dtype=torch.int64, device=x.device)
     _cuda.launch_build(tree, dict(scratch, stats=stats), x, roots, prefix, budget, k, 1 | 2)
     s = stats[:, : len(STAT_NAMES)].double().mean(dim=0).tolist()
     out = dict(zip(STAT_NAMES, s, strict=True))
@@ -203,7 +206,6 @@ PHASES = (
     "write",
 )
 PHASE_SLOTS = 16
-SELECT_SLOTS = 16  # the selection's slots per request, before the rows' (params.h)
 START_NS, END_NS, SM = len(PHASES), len(PHASES) + 1, len(PHASES) + 2
 
 
@@ -219,20 +221,21 @@ def stage1_phases(slots: torch.Tensor) -> dict | None:
     cycles = {name: 0.0 for name in PHASES[1:]}
     taken = dict.fromkeys(PHASES[1:], 0)
     rows = slots.shape[0]
+    row_cycles = 0
     for r in slots.tolist():
         marks = sorted((c, i) for i, c in enumerate(r[: len(PHASES)]) if c != 0)
+        row_cycles += marks[-1][0] - marks[0][0]  # a rejected row stops before the write
         for (c0, _), (c1, i) in zip(marks, marks[1:], strict=False):
             cycles[PHASES[i]] += c1 - c0
             taken[PHASES[i]] += 1
     ns = (slots[:, END_NS] - slots[:, START_NS]).double()
-    row_cycles = (slots[:, len(PHASES) - 1] - slots[:, 0]).double()
     span = float(slots[:, END_NS].max() - slots[:, START_NS].min())
     per_sm = torch.bincount(slots[:, SM])
     return {
         "cycles": {n: c / rows for n, c in cycles.items()},
         "taken": taken,
         "rows": rows,
-        "row_cycles": float(row_cycles.mean()),
+        "row_cycles": row_cycles / rows,
         "row_us": float(ns.mean()) / 1e3,
         "span_us": span / 1e3,
         "open": float(ns.sum()) / span if span > 0 else 0.0,
