@@ -58,6 +58,7 @@ DDTREE_CANDIDATES(ddtree_candidates_wide_bf16, __nv_bfloat16, false)
     extern __shared__ __align__(16) char smem[];                                            \
     __shared__ ddtree::ClusterSlot slot;                                                    \
     ddtree::CandShared& s = *reinterpret_cast<ddtree::CandShared*>(smem);                    \
+    ddtree::set_phase_clocks(s, nullptr);  /* keeps no diagnostics */                       \
     const int row = blockIdx.x / ddtree::kCandCluster;                                      \
     const T* r = ddtree::row_of<T>(p, row);                                                 \
     const long long at = static_cast<long long>(row) * p.K;                                 \
@@ -97,6 +98,7 @@ struct Part {
       NAME(const __grid_constant__ ddtree::PartialParams p) {                             \
     extern __shared__ __align__(16) char smem[];                                            \
     ddtree::CandShared& s = *reinterpret_cast<ddtree::CandShared*>(smem);                    \
+    ddtree::set_phase_clocks(s, nullptr);  /* keeps no diagnostics */                       \
     const ddtree::Part<T> part(p, blockIdx.y, blockIdx.x);                                   \
     ddtree::partial_row<T>(part.ptr, p.s2, part.len, p.K, p.id0 + part.first,               \
                            p.values + part.at * p.K, p.ids + part.at * p.K,                 \
@@ -121,6 +123,7 @@ extern "C" __global__ void __launch_bounds__(ddtree::kCandThreads)
     ddtree_merge_partials(const __grid_constant__ ddtree::PartialParams p) {
   extern __shared__ __align__(16) char smem[];
   ddtree::CandShared& s = *reinterpret_cast<ddtree::CandShared*>(smem);
+  ddtree::set_phase_clocks(s, nullptr);  // keeps no diagnostics
   const long long row = blockIdx.x, at = row * p.parts;
   ddtree::merge_row(p.values + at * p.K, p.ids + at * p.K, p.maxima + at, p.bad + at,
                     reinterpret_cast<const ddtree::U128*>(p.sums) + at, p.parts, p.K,

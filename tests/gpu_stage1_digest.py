@@ -21,12 +21,16 @@ VOCAB = 151_936
 
 def cases(dev):
     """(name, logits [bs, L, V], budget): the bench's rows at three batch sizes (one block a
-    row, half blocks, clusters), moved into the precise grade and far above it; flat and
-    quantised rows (many tokens at the floor, deferred runs past the queue); -inf runs;
-    tiny values (inexact far runs); fp16 and fp32."""
+    row, half blocks, clusters; at bs = 64 also B = 63, half blocks reading once), moved
+    into the precise grade and far above it; flat and quantised rows (many tokens at the
+    floor, deferred runs past the queue); -inf runs; tiny values (inexact far runs); fp16
+    and fp32."""
     for bs in (1, 8, 64):
         for shift in (0.0, -20.0, 40.0):
             yield f"peaked bs={bs} shift={shift}", peaked_logits(bs, 15, VOCAB, 7, dev, shift), 255
+    # B = 63 at bs = 64: the one read in half blocks.
+    for shift in (0.0, -20.0, 40.0):
+        yield f"peaked bs=64 B=63 shift={shift}", peaked_logits(64, 15, VOCAB, 7, dev, shift), 63
     # Maxima on both sides of the fast grade's edge at 4.
     yield "peaked bs=8 shift=-12.0", peaked_logits(8, 15, VOCAB, 7, dev, -12.0), 255
     g = torch.Generator(device=dev).manual_seed(3)
