@@ -654,7 +654,7 @@ __device__ __forceinline__ void absolute_token(float x, int id, uint32_t floor_k
 // does not matter. Past the queue's kDeferCap runs nothing more is queued (s.defer_count
 // says so; one_read then reads the row again), so the loop calls nothing out of line: a
 // call's saved registers had the loop spill its maximum every run (ptxas, sm_90).
-template <typename T, typename One>
+template <bool kPrefetch = false, typename T, typename One>
 __device__ __forceinline__ void absolute_runs(const T* __restrict__ row, int V,
                                               uint32_t floor_key, TermSum& sum,
                                               typename PairOf<T>::type& mx, int& bad,
@@ -673,7 +673,7 @@ __device__ __forceinline__ void absolute_runs(const T* __restrict__ row, int V,
     queue(~id0);
     atomicAdd(&s.whole_count, 1);
   };
-  for_each_run<4, true>(
+  for_each_run<4, true, false, kPrefetch>(
       row, V,
       [&](int id0, const uint4& v) {
         const P top = run_max2_nan<T>(v);
@@ -884,7 +884,8 @@ __device__ int one_read(const T* __restrict__ row, int V, int K, CandShared& s, 
   P mx{ninf, ninf};
   float tail[2] = {-INFINITY, -INFINITY};  // the tokens after the last whole run
   int local_bad = 0;
-  absolute_runs(row, V, first_floor, sum, mx, local_bad, s, [&](int id, float x) {
+  constexpr bool kPrefetch = true;  // for_each_run says why here alone
+  absolute_runs<kPrefetch>(row, V, first_floor, sum, mx, local_bad, s, [&](int id, float x) {
     tail[id & 1] = fmaxf(tail[id & 1], x);
     absolute_token(x, id, first_floor, sum.total, local_bad, s);
   });

@@ -32,6 +32,18 @@ __device__ __forceinline__ bool reads_in_runs(const T* row, long long stride) {
   return stride == 1 && (reinterpret_cast<uintptr_t>(row) & 15) == 0;
 }
 
+// Asks L2 for runs [first, first + count) of a row of nvec runs (the part inside it): one
+// bulk prefetch, no registers held while the lines come.
+__device__ __forceinline__ void prefetch_runs(const uint4* vrow, int first, int count,
+                                              int nvec) {
+  if (first >= nvec) return;
+  const int n = min(count, nvec - first);
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;"
+               :
+               : "l"(vrow + first), "r"(n * 16)
+               : "memory");
+}
+
 // Calls run(id0, v) on every whole 16-byte run v (tokens id0 .. id0 + kRun - 1) of a row
 // that reads_in_runs, kUnroll loads in flight per thread (the row is read at memory speed,
 // not latency), and one(id, x) on the tokens after the last whole run. Visit order
@@ -43,8 +55,13 @@ __device__ __forceinline__ bool reads_in_runs(const T* row, long long stride) {
 // paid it on every run. Pass 1 takes it; pass 2's fast loop does not (its terms' registers
 // beside four more runs spilled, ptxas -v: 24 B), and loading its last runs one ahead
 // instead measured slower at bs = 64 (BENCHMARKS.md session 32).
-template <int kUnroll = 4, bool kLastRead = false, bool kBatchTail = false, typename T,
-          typename Run, typename One>
+// kPrefetch: thread 0 asks L2 for the block's batch two ahead (prefetch_runs) as each
+// batch starts, so the loads find it there. Taken by one_read's loop alone: stage 1 1.05x
+// at bs = 64, B = 63 on the H100; in every pass it also sped up the partials 1.06x but left
+// the two reads' stage 1 within 1 % and their whole build about 2 % slower (BENCHMARKS.md,
+// session 41).
+template <int kUnroll = 4, bool kLastRead = false, bool kBatchTail = false,
+          bool kPrefetch = false, typename T, typename Run, typename One>
 __device__ __forceinline__ void for_each_run(const T* __restrict__ row, int V, Run&& run,
                                              One&& one) {
   const int step = blockDim.x;
@@ -55,6 +72,9 @@ __device__ __forceinline__ void for_each_run(const T* __restrict__ row, int V, R
   const auto load = [&](int i) { return kLastRead ? __ldcs(vrow + i) : __ldg(vrow + i); };
   int i = threadIdx.x;
   for (; i + (kUnroll - 1) * step < nvec; i += kUnroll * step) {
+    if (kPrefetch && threadIdx.x == 0) {
+      prefetch_runs(vrow, i + 2 * kUnroll * step, kUnroll * step, nvec);
+    }
     uint4 v[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) v[u] = load(i + u * step);
