@@ -105,13 +105,21 @@ def test_the_table_gives_unos_time_without_its_top_k_over_ddtrees_build(capsys):
             "emit": 4.0, "build": 116.0, "host_step": 10.0, "torch_topk_lse": 270.0,
             "seed_cpu": 1900.0, "rust_cpu": 30000.0, "match": True, "exact": True,
             "stats": {n: 1.0 for n in bench_gpu.STAT_NAMES}}  # fmt: skip
-    with_uno = dict(base, uno_k=8, uno=144.0, uno_topk=60.0, build_at_k=100.0)
-    bench_gpu.print_table([with_uno, dict(base, B=255)])
+    with_uno = dict(base, uno_k=8, uno=144.0, uno_topk=60.0, build_at_k=100.0,
+                    uno_own_topk=False, uno_topk_same=True)  # fmt: skip
+    own = dict(with_uno, uno_own_topk=True)
+    bench_gpu.print_table([with_uno, dict(base, B=255), own])
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].endswith("UNO K | UNO µs | its top-k µs | build@K µs | UNO−top-k / build@K")
-    assert lines[1].split(" | ")[-5:] == ["    8", "   144.0", "        60.0", "     100.0",
-                                          " " * 15 + "0.84x"]  # fmt: skip
-    assert [c.strip() for c in lines[2].split(" | ")[-5:]] == ["-"] * 5
+    assert lines[0].endswith(
+        "UNO K | UNO µs | its top-k µs | build@K µs | UNO−top-k / build@K | UNO / build@K"
+        " | top-k == torch"
+    )
+    assert lines[1].split(" | ")[-7:] == ["    8", "   144.0", "        60.0", "     100.0",
+                                          " " * 15 + "0.84x", " " * 13 + "-",
+                                          " " * 10 + "True"]  # fmt: skip
+    assert [c.strip() for c in lines[2].split(" | ")[-7:]] == ["-"] * 7
+    # UNO's whole time over ddtree's build only where its top-k is flashinfer's own.
+    assert lines[3].split(" | ")[-2].strip() == "1.44x"
 
 
 def test_the_header_says_once_what_uno_the_run_has(tmp_path, monkeypatch, capsys):
@@ -131,3 +139,40 @@ def test_the_header_says_once_what_uno_the_run_has(tmp_path, monkeypatch, capsys
     with pytest.raises(SystemExit):  # a --uno file that does not load is an argument error
         bench_gpu.load_uno(p, str(bad))
     assert "--uno: not this release" in capsys.readouterr().err
+
+
+def test_a_flashinfer_top_k_library_that_does_not_load_is_named(tmp_path, monkeypatch, capsys):
+    import argparse
+
+    monkeypatch.delenv("DDTREE_FLASHINFER_TOPK", raising=False)
+    no_package(monkeypatch, "flashinfer")
+    missing = tmp_path / "libfi_topk.so"
+    with pytest.raises(OSError):
+        bench_uno.load(str(uno_file()), str(missing))
+    assert "flashinfer" not in sys.modules
+    with pytest.raises(SystemExit):  # --uno-topk that does not load is an argument error
+        bench_gpu.load_uno(argparse.ArgumentParser(), str(uno_file()), str(missing))
+    assert "--uno-topk:" in capsys.readouterr().err
+
+
+FLASHINFER_LIB = __import__("os").environ.get("DDTREE_FLASHINFER_TOPK")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.skipif(not FLASHINFER_LIB, reason="needs $DDTREE_FLASHINFER_TOPK (build.sh)")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_flashinfer_top_k_gives_torch_topks_values_and_ids_of_them(dtype):
+    # Rows with many ties (values on a coarse grid) and a -inf block: the values equal
+    # torch.topk's; every id holds its value (ids of equal values may come in any order).
+    g = torch.Generator(device="cuda").manual_seed(5)
+    x = (torch.randn(40, 151936, device="cuda", generator=g) * 4).round().to(dtype)
+    x[3, :100000] = float("-inf")
+    top_k = bench_uno.flashinfer_top_k(FLASHINFER_LIB)
+    for k in (8, 16, 63):
+        values, ids = top_k(x, k, sorted=True)
+        assert torch.equal(values, torch.topk(x, k, sorted=True).values)
+        assert ids.dtype == torch.int64 and torch.equal(x.gather(1, ids), values)
+        assert all(len(set(row.tolist())) == k for row in ids)
+    with pytest.raises(ValueError, match="only UNO's call"):
+        top_k(x, 8, sorted=False)

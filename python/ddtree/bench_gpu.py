@@ -288,8 +288,13 @@ def uno_columns(uno, tree, scratch, x, roots, prefix, budget, replays) -> dict:
         return {}
     ws: dict = {}
     flat = x.view(bs * depth, vocab)
+    # Its top-k's values against torch.topk's (ids may differ on ties: flashinfer's are not
+    # ordered among equal values), so a wrong library shows before its time is read.
+    same = torch.equal(uno.topk(flat, k, sorted=True)[0], torch.topk(flat, k, sorted=True)[0])
     return {
         "uno_k": k,
+        "uno_own_topk": uno.own_topk,
+        "uno_topk_same": same,
         "uno": graph_time_us(
             lambda: uno.build(
                 roots, x, max_nodes=budget + 1, candidate_top_k=k, temperature=0.0, workspace=ws
@@ -389,6 +394,8 @@ COLUMNS = (
     ("uno_topk", "its top-k µs", "{:>12.1f}"),
     ("build_at_k", "build@K µs", "{:>10.1f}"),
     ("x_uno", "UNO−top-k / build@K", "{:>19.2f}x"),
+    ("x_uno_own", "UNO / build@K", "{:>13.2f}x"),
+    ("uno_topk_same", "top-k == torch", "{!s:>14}"),
 )
 
 
@@ -411,6 +418,8 @@ def print_table(rows) -> None:
         )
         if "uno" in r:
             r["x_uno"] = (r["uno"] - r["uno_topk"]) / r["build_at_k"]
+            if r.get("uno_own_topk"):  # UNO's whole time is its own only with flashinfer's top-k
+                r["x_uno_own"] = r["uno"] / r["build_at_k"]
         print(" | ".join(cell(r, key, fmt) for key, _, fmt in COLUMNS))
     print("\n# selection diagnostics (batch means; cycles are thread 0's clock64 per phase)")
     print("bs | B | " + " | ".join(STAT_NAMES))
@@ -430,7 +439,7 @@ def check_limits(p: argparse.ArgumentParser, budgets, depth: int) -> None:
         p.error(f"--depth must be in 1..{_core.CUDA_MAX_DEPTH} on CUDA, got {depth}")
 
 
-def load_uno(p: argparse.ArgumentParser, path: str | None):
+def load_uno(p: argparse.ArgumentParser, path: str | None, topk_lib: str | None = None):
     """`bench_uno.load`, and the header line that says what UNO the run has: a --uno file
     that cannot be loaded is an argument error; one found on its own (an installed sglang
     of another release, a broken flashinfer) is reported and the UNO columns left out."""
@@ -438,8 +447,10 @@ def load_uno(p: argparse.ArgumentParser, path: str | None):
         print("# UNO: left out (--uno none)")
         return None
     try:
-        uno = bench_uno.load(path)
+        uno = bench_uno.load(path, topk_lib)
     except (ImportError, AttributeError, OSError, SyntaxError, ValueError) as e:
+        if topk_lib or os.environ.get("DDTREE_FLASHINFER_TOPK"):
+            p.error(f"--uno-topk: {e}")
         if path or os.environ.get("DDTREE_SGLANG_WHEEL"):
             p.error(f"--uno: {e}")
         print(f"# UNO: could not load it ({type(e).__name__}: {e}); no UNO columns")
@@ -449,6 +460,8 @@ def load_uno(p: argparse.ArgumentParser, path: str | None):
     else:
         print(f"# UNO: {uno.source}; its top-k: {uno.topk_name}; UNO−top-k / build@K is UNO's "
               "time without its top-k over ddtree's whole build with the same K")  # fmt: skip
+        if uno.own_topk:
+            print("# UNO / build@K: UNO's whole build, its own top-k included, over ddtree's")
     return uno
 
 
@@ -479,6 +492,13 @@ def main(argv=None) -> int:
         help="SGLang 0.5.23's uno_tree.py or an sglang wheel (default: $DDTREE_SGLANG_WHEEL, "
         "else an installed sglang; 'none' leaves the UNO columns out)",
     )
+    p.add_argument(
+        "--uno-topk",
+        metavar="LIB",
+        help="without flashinfer installed: UNO's top-k from this build of flashinfer's radix "
+        "top-k (tests/flashinfer_topk/build.sh; default: $DDTREE_FLASHINFER_TOPK, else "
+        "torch.topk stands in)",
+    )
     args, _ = p.parse_known_args(argv)
     check_limits(p, args.budget, args.depth)
     if not torch.cuda.is_available():
@@ -493,7 +513,7 @@ def main(argv=None) -> int:
         f"# L={args.depth} V={args.vocab} bf16 logits; GPU times: median of {args.replays} "
         f"graph replays (CUDA events); command: {' '.join(sys.argv)}"
     )
-    uno = load_uno(p, args.uno)
+    uno = load_uno(p, args.uno, args.uno_topk)
     rows = []
     for bs in args.bs:
         for budget in args.budget:

@@ -6,13 +6,17 @@ then one Triton program per request choosing the Q − 1 nodes best-first).
 The file is loaded alone: the whole ``sglang`` package needs a serving stack (sgl-kernel,
 flashinfer, ...). It comes from, in this order: the path given (the ``.py`` file itself, or
 an sglang wheel), ``$DDTREE_SGLANG_WHEEL``, an installed ``sglang``. It imports only torch,
-Triton and ``flashinfer.top_k``; where flashinfer is not installed, ``torch.topk`` stands in
-for its top-k (sorted, the same values and ids up to the order of ties), and the benchmark
-says so, since then UNO's top-k time is not its own.
+Triton and ``flashinfer.top_k``. Where flashinfer is not installed its top-k comes, in this
+order, from a library built from flashinfer's own headers (``tests/flashinfer_topk``: the
+radix kernel ``flashinfer.top_k`` runs for UNO's call, given as ``topk_lib`` or
+``$DDTREE_FLASHINFER_TOPK``; `flashinfer_top_k`), else from ``torch.topk`` (sorted, the same
+values and ids up to the order of ties); the benchmark says which, since with ``torch.topk``
+UNO's top-k time is not its own.
 """
 
 from __future__ import annotations
 
+import ctypes
 import importlib.metadata
 import importlib.util
 import os
@@ -31,6 +35,8 @@ from ._sglang_uno import capacity, parent_width
 MEMBER = "sglang/kernels/ops/speculative/uno_tree.py"
 # UNO's own limits (uno_tree.py): at most 128 verify nodes and 2048 candidate edges a request.
 MAX_NODES, MAX_EDGES = 128, 2048
+# The flashinfer SGLang 0.5.23 pins (its wheel's Requires-Dist: flashinfer_python==0.7.2).
+FLASHINFER_VERSION = "0.7.2"
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,7 @@ class Uno:
     topk: Callable
     source: str
     topk_name: str
+    own_topk: bool = False  # `topk` is flashinfer's (then UNO's whole time is its own)
 
 
 def uno_k(q: int, depth: int, vocab: int | None = None) -> int | None:
@@ -96,17 +103,70 @@ def find_file(path: str | None) -> tuple[Path, str] | None:
     return None
 
 
-def load(path: str | None = None) -> Uno | None:
-    """UNO from `path`, ``$DDTREE_SGLANG_WHEEL`` or an installed sglang; None without one."""
+_DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+
+def flashinfer_top_k(lib_path: str | os.PathLike) -> Callable:
+    """``flashinfer.top_k`` (0.7.2) as UNO calls it, on the radix dispatch of a library built by
+    ``tests/flashinfer_topk/build.sh`` from flashinfer's own headers. For ``sorted=True``,
+    ``deterministic=False`` off SM100, flashinfer/topk.py takes its native radix branch:
+    ``TopKDispatch`` unsorted into int32 ids and a zeroed 1 MiB row-state buffer kept per
+    device, then ``torch.sort`` (descending, not stable) and a gather, the ids widened to
+    int64. That branch is all the library has, so other calls raise ``ValueError``."""
+    lib = ctypes.CDLL(str(lib_path))
+    run = lib.ddtree_fi_radix_topk
+    run.restype = ctypes.c_int
+    p, u = ctypes.c_void_p, ctypes.c_uint
+    run.argtypes = [ctypes.c_int, p, p, p, u, u, u, p, ctypes.c_int, ctypes.c_int, p]
+    states: dict = {}
+
+    def top_k(input: torch.Tensor, k: int, sorted: bool = False, deterministic: bool = False):  # noqa: A002
+        if not sorted or deterministic:
+            raise ValueError("flashinfer_top_k: only UNO's call (sorted, not deterministic)")
+        if input.dim() != 2 or not input.is_contiguous() or input.dtype not in _DTYPE_CODES:
+            raise ValueError("flashinfer_top_k: input must be a contiguous 2-D fp32/fp16/bf16")
+        if torch.cuda.get_device_capability(input.device)[0] == 10:
+            raise ValueError("flashinfer_top_k: SM100 takes flashinfer's clusters kernel")
+        rows, d = input.shape
+        dev = input.device
+        if dev not in states:
+            states[dev] = torch.zeros(1 << 20, dtype=torch.uint8, device=dev)
+        values = torch.empty(rows, k, dtype=input.dtype, device=dev)
+        ids = torch.empty(rows, k, dtype=torch.int32, device=dev)
+        stream = torch.cuda.current_stream(dev).cuda_stream
+        err = run(
+            _DTYPE_CODES[input.dtype], input.data_ptr(), ids.data_ptr(), values.data_ptr(),
+            rows, k, d, states[dev].data_ptr(), 0, 0, stream,
+        )  # fmt: skip
+        if err != 0:
+            raise RuntimeError(f"flashinfer_top_k: TopKDispatch returned CUDA error {err}")
+        values, order = torch.sort(values, dim=-1, descending=True, stable=False)
+        return values, torch.gather(ids.long(), -1, order)
+
+    return top_k
+
+
+def load(path: str | None = None, topk_lib: str | None = None) -> Uno | None:
+    """UNO from `path`, ``$DDTREE_SGLANG_WHEEL`` or an installed sglang; None without one.
+    Without flashinfer, its top-k is `flashinfer_top_k` of `topk_lib` (default
+    ``$DDTREE_FLASHINFER_TOPK``) where one is given, else `torch_top_k`."""
     found = find_file(path)
     if found is None:
         return None
     file, where = found
     have_flashinfer = importlib.util.find_spec("flashinfer") is not None
+    topk_lib = topk_lib or os.environ.get("DDTREE_FLASHINFER_TOPK")
     stub = None
+    if have_flashinfer:
+        name, own = "flashinfer.top_k", True
+    elif topk_lib:
+        built = f"{Path(topk_lib).name}, built by tests/flashinfer_topk/build.sh"
+        name, own = f"flashinfer {FLASHINFER_VERSION}'s radix top-k ({built})", True
+    else:
+        name, own = "torch.topk (flashinfer not installed)", False
     if not have_flashinfer and "flashinfer" not in sys.modules:
         stub = types.ModuleType("flashinfer")
-        stub.top_k = torch_top_k
+        stub.top_k = flashinfer_top_k(topk_lib) if topk_lib else torch_top_k
         sys.modules["flashinfer"] = stub
     try:
         spec = importlib.util.spec_from_file_location("ddtree_bench_uno_tree", file)
@@ -120,6 +180,4 @@ def load(path: str | None = None) -> Uno | None:
     finally:
         if stub is not None:
             del sys.modules["flashinfer"]
-    topk = module._flashinfer_top_k
-    name = "flashinfer.top_k" if have_flashinfer else "torch.topk (flashinfer not installed)"
-    return Uno(module.build_uno_tree_proposal, topk, where, name)
+    return Uno(module.build_uno_tree_proposal, module._flashinfer_top_k, where, name, own)
