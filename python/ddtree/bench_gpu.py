@@ -305,6 +305,15 @@ def uno_columns(uno, tree, scratch, x, roots, prefix, budget, replays) -> dict:
         "build_at_k": graph_time_us(
             lambda: _cuda.launch_build(tree, scratch, x, roots, prefix, budget, k, 7), replays
         ),
+        # Where build@K's time goes: its stage 1 and its selection (of the stage-1 outputs
+        # the replays above left), and the selection's own diagnostics at K.
+        "cand_at_k": graph_time_us(
+            lambda: _cuda.launch_build(tree, scratch, x, roots, prefix, budget, k, 1), replays
+        ),
+        "select_at_k": graph_time_us(
+            lambda: _cuda.launch_build(tree, scratch, x, roots, prefix, budget, k, 2), replays
+        ),
+        "stats_at_k": selection_stats(tree, scratch, x, roots, prefix, budget, k),
     }
 
 
@@ -393,6 +402,8 @@ COLUMNS = (
     ("uno", "UNO µs", "{:>8.1f}"),
     ("uno_topk", "its top-k µs", "{:>12.1f}"),
     ("build_at_k", "build@K µs", "{:>10.1f}"),
+    ("cand_at_k", "cand@K µs", "{:>9.1f}"),
+    ("select_at_k", "select@K µs", "{:>11.1f}"),
     ("x_uno", "UNO−top-k / build@K", "{:>19.2f}x"),
     ("x_uno_own", "UNO / build@K", "{:>13.2f}x"),
     ("uno_topk_same", "top-k == torch", "{!s:>14}"),
@@ -426,6 +437,10 @@ def print_table(rows) -> None:
     for r in rows:
         cells = [f"{r['stats'][n]:.{2 if n == 'parallel' else 0}f}" for n in STAT_NAMES]
         print(f"{r['bs']} | {r['B']} | " + " | ".join(cells))
+        if "stats_at_k" in r:  # the same at UNO's K (build@K)
+            at_k = r["stats_at_k"]
+            cells = [f"{at_k[n]:.{2 if n == 'parallel' else 0}f}" for n in STAT_NAMES]
+            print(f"{r['bs']} | {r['B']} (K = {r['uno_k']}) | " + " | ".join(cells))
     print_stage1_phases(rows)
 
 
