@@ -6,8 +6,10 @@ Every time is the median GPU time of a CUDA-graph replay of the stage (``graph_t
 the host queues the replays behind a spin kernel, so launch latency is not counted). Draft
 logits ``[bs, L=15, V=151936]`` bf16, K = 8 candidates per depth (16 at Q = 128), prefix 1024 tokens
 (attention: 4096). SGLang's side is its own code from the 0.5.23 wheel
-(``tests/sglang_release.py``): UNO's builder with ``torch.topk`` standing in for flashinfer's
-top-k (flashinfer is not installed on the GPU machine; UNO's top-k alone is timed too), its
+(``tests/sglang_release.py``): UNO's builder with flashinfer's own radix top-k where
+``$DDTREE_FLASHINFER_TOPK`` names a build of it (``tests/flashinfer_topk/build.sh``), else
+``torch.topk`` standing in (flashinfer is not installed on the GPU machine; the header says
+which; UNO's top-k alone is timed too), its
 Triton ``build_tree_kernel_efficient`` (the CUDA JIT kernel needs tvm-ffi and nvcc at run
 time), argmax + its Triton greedy verify, its Triton extend attention with the FULL custom
 mask, its kept-slot kernel (``fill_accept_out_cache_loc``), and its KV move after the
@@ -83,8 +85,8 @@ def build_row(mods, bs: int, q: int) -> dict:
             roots, x, max_nodes=q, candidate_top_k=K, temperature=0.0, workspace=ws
         )
 
-    def uno_topk():
-        return torch.topk(x.view(bs * DEPTH, VOCAB), K, dim=-1, sorted=True)
+    def uno_topk():  # the top-k UNO's module imported, called as UNO calls it
+        return uno._flashinfer_top_k(x.view(bs * DEPTH, VOCAB), K, sorted=True, deterministic=False)
 
     def ours_build():
         return ds.uno_proposal(roots, x, max_nodes=q, candidate_top_k=K, workspace=ours_ws)
@@ -342,6 +344,9 @@ def main() -> None:
     p.add_argument("--json", help="also write the rows to this file")
     args = p.parse_args()
     mods = load()
+    import flashinfer  # the tests' stub module UNO imported (sglang_release)
+
+    print(f"# UNO's top-k: {flashinfer.TOP_K}", flush=True)
     shapes = [(1, 64), (8, 64)] if args.quick else [
         (bs, q) for bs in (1, 8, 64) for q in (16, 64, 128)
     ]  # fmt: skip

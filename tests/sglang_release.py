@@ -96,12 +96,25 @@ def _jit_only(*args, **kwargs):
 build_tree_kernel_efficient = verify_tree_greedy = _jit_only
 """,
     "flashinfer/__init__.py": '''
+import os
+
 import torch
 
-def top_k(x, k, sorted=True, deterministic=False):
-    """Stand-in for flashinfer's radix top-k: torch.topk (values, int64 ids)."""
-    values, ids = torch.topk(x, k, dim=-1, sorted=True)
-    return values, ids
+# flashinfer's own radix top-k where $DDTREE_FLASHINFER_TOPK names a build of it
+# (tests/flashinfer_topk/build.sh), else torch.topk stands in.
+_LIB = os.environ.get("DDTREE_FLASHINFER_TOPK")
+if _LIB:
+    from ddtree.bench_uno import flashinfer_top_k
+
+    top_k = flashinfer_top_k(_LIB)
+    TOP_K = "flashinfer 0.7.2's radix top-k (tests/flashinfer_topk)"
+else:
+    TOP_K = "torch.topk (standing in for flashinfer's)"
+
+    def top_k(x, k, sorted=True, deterministic=False):
+        """Stand-in for flashinfer's radix top-k: torch.topk (values, int64 ids)."""
+        values, ids = torch.topk(x, k, dim=-1, sorted=True)
+        return values, ids
 ''',
 }
 
@@ -121,6 +134,7 @@ def wheel_path(workdir: Path) -> Path:
 def extract(root: Path = ROOT) -> Path:
     """The module tree under ``root`` (extracted once)."""
     if (root / FILES[0]).exists():
+        write_stubs(root)  # a tree extracted before a stub changed gets the new one
         return root
     with tempfile.TemporaryDirectory() as tmp:
         with zipfile.ZipFile(wheel_path(Path(tmp))) as wheel:
@@ -130,11 +144,16 @@ def extract(root: Path = ROOT) -> Path:
                 target.write_bytes(wheel.read(name))
     for package in PACKAGES:
         (root / package / "__init__.py").touch()
+    write_stubs(root)
+    return root
+
+
+def write_stubs(root: Path) -> None:
     for name, text in STUBS.items():
         target = root / name
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text.lstrip())
-    return root
+        if not target.exists() or target.read_text() != text.lstrip():
+            target.write_text(text.lstrip())
 
 
 def load(module: str):
