@@ -106,18 +106,20 @@ def test_the_table_gives_unos_time_without_its_top_k_over_ddtrees_build(capsys):
             "seed_cpu": 1900.0, "rust_cpu": 30000.0, "match": True, "exact": True,
             "stats": {n: 1.0 for n in bench_gpu.STAT_NAMES}}  # fmt: skip
     with_uno = dict(base, uno_k=8, uno=144.0, uno_topk=60.0, build_at_k=100.0, cand_at_k=70.0,
-                    select_at_k=25.0, uno_own_topk=False, uno_topk_same=True)  # fmt: skip
+                    select_at_k=25.0, read_floor=16.0, uno_own_topk=False,
+                    uno_topk_same=True)  # fmt: skip
     own = dict(with_uno, uno_own_topk=True, stats_at_k={n: 2.0 for n in bench_gpu.STAT_NAMES})
     bench_gpu.print_table([with_uno, dict(base, B=255), own])
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].endswith(
         "UNO K | UNO µs | its top-k µs | build@K µs | cand@K µs | select@K µs | UNO−top-k / "
-        "build@K | UNO / build@K | top-k == torch"
+        "build@K | read µs | UNO−top-k+read / build@K | UNO / build@K | top-k == torch"
     )
-    assert lines[1].split(" | ")[-9:] == ["    8", "   144.0", "        60.0", "     100.0",
-                                          "     70.0", "       25.0", " " * 15 + "0.84x",
-                                          " " * 13 + "-", " " * 10 + "True"]  # fmt: skip
-    assert [c.strip() for c in lines[2].split(" | ")[-9:]] == ["-"] * 9
+    assert lines[1].split(" | ")[-11:] == ["    8", "   144.0", "        60.0", "     100.0",
+                                           "     70.0", "       25.0", " " * 15 + "0.84x",
+                                           "   16.0", " " * 20 + "1.00x", " " * 13 + "-",
+                                           " " * 10 + "True"]  # fmt: skip
+    assert [c.strip() for c in lines[2].split(" | ")[-11:]] == ["-"] * 11
     # UNO's whole time over ddtree's build only where its top-k is flashinfer's own.
     assert lines[3].split(" | ")[-2].strip() == "1.44x"
     # The selection's diagnostics at UNO's K follow the row's own.
