@@ -101,7 +101,8 @@ def test_a_row_without_uno_prints_dashes_under_the_uno_columns():
 
 
 def test_the_table_gives_unos_time_without_its_top_k_over_ddtrees_build(capsys):
-    base = {"bs": 1, "B": 63, "candidates": 50.0, "select": 60.0, "select_best_first": 50.0,
+    base = {"bs": 1, "B": 63, "candidates": 50.0, "select": 60.0, "select_parallel": 60.0,
+            "select_best_first": 50.0,
             "emit": 4.0, "build": 116.0, "host_step": 10.0, "torch_topk_lse": 270.0,
             "seed_cpu": 1900.0, "rust_cpu": 30000.0, "match": True, "exact": True,
             "stats": {n: 1.0 for n in bench_gpu.STAT_NAMES}}  # fmt: skip

@@ -145,14 +145,17 @@ def assert_same_tree(a: ddtree.Tree, b: ddtree.Tree) -> None:
 
 @pytest.mark.parametrize("chunk", range(3))
 def test_parallel_selection_equals_the_best_first_warp(chunk):
-    """The two selection kernels on the same stage-1 results: 3 x 100 random batches."""
+    """The two selection kernels on the same stage-1 results: 3 x 100 random batches, the
+    parallel search forced (stage bit 32) where small budgets would take the warp."""
     rng = np.random.default_rng(9000 + chunk)
     for case in range(100):
         kind, shape, budget, topk, dtype = random_case(rng, case)
         x, roots, prefix = make_inputs(rng, kind, shape, dtype, case % 5 == 1, case % 7 == 0)
         x, roots, prefix = x.to(DEV), roots.to(DEV), prefix.to(DEV)
-        parallel = ddtree.build_tree(x, roots, prefix, budget=budget, topk=topk)
+        parallel = tree_with_stages(x, roots, prefix, budget, topk, 7 | 32)
         assert_same_tree(parallel, tree_with_stages(x, roots, prefix, budget, topk, 7 | 8))
+        # The launcher's own choice (the warp up to B = 31) builds the same tree.
+        assert_same_tree(parallel, ddtree.build_tree(x, roots, prefix, budget=budget, topk=topk))
 
 
 @pytest.mark.parametrize("chunk", range(3))

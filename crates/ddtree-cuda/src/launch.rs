@@ -93,6 +93,22 @@ pub fn one_block_candidates(shape: &BuildShape) -> OneBlockKernel {
     }
 }
 
+/// The largest budget whose selection runs the best-first warp rather than the parallel
+/// threshold search (`select_best_first`).
+pub const BEST_FIRST_MAX_BUDGET: usize = 31;
+
+/// Whether the selection of a `budget`-node tree runs the best-first warp: a pop costs it
+/// about 0.8 µs, while the parallel search pays about 20 µs whatever the budget (its first
+/// threshold, a block-wide step a level, the ranking). Measured on the H100 (BENCHMARKS.md,
+/// session 42; L = 15, V = 151,936): the warp at B = 7, 15, 23, 31 took 10.7, 16.1, 21.3,
+/// 26.8 µs at bs = 1 against 16.3, 22.3, 24.6, 25.6, and 10.9, 17.0, 22.5, 28.8 at bs = 64
+/// against 19.2, 24.2, 37.2, 37.7; at B = 39 it was 1.2x slower at bs = 1. Both give the
+/// SPEC's order exactly; `force_parallel` (a stage bit, for tests and benchmarks) keeps the
+/// parallel search at every budget.
+pub fn select_best_first(budget: usize, force_parallel: bool) -> bool {
+    !force_parallel && budget <= BEST_FIRST_MAX_BUDGET
+}
+
 /// Blocks a row of the clustered stage-1 kernel (`kCandCluster`).
 pub const CANDIDATE_CLUSTER: u32 = 8;
 /// The smallest vocabulary the clustered kernel takes (`kClusterMinVocab`: every block's
@@ -195,6 +211,15 @@ pub fn select_smem_bytes(budget: usize, depth: usize, k: usize, cache_lp: bool) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn small_budgets_select_best_first_unless_forced_parallel() {
+        assert!(select_best_first(1, false));
+        assert!(select_best_first(BEST_FIRST_MAX_BUDGET, false));
+        assert!(!select_best_first(BEST_FIRST_MAX_BUDGET + 1, false));
+        assert!(!select_best_first(MAX_BUDGET, false));
+        assert!(!select_best_first(1, true));
+    }
 
     #[test]
     fn emit_parts_cover_every_slot_once() {

@@ -244,6 +244,10 @@ pub const ALL_STAGES: u32 = 7;
 /// With [`STAGE_SELECT`]: select by the best-first warp instead of the parallel threshold
 /// search (the same tree; for benchmarks and tests).
 pub const SELECT_BEST_FIRST: u32 = 8;
+/// With [`STAGE_SELECT`]: the parallel threshold search even at budgets where the launcher
+/// takes the best-first warp (`launch::select_best_first`; the same tree; for benchmarks
+/// and tests).
+pub const SELECT_PARALLEL: u32 = 32;
 /// With [`STAGE_CANDIDATES`]: one block of [`CANDIDATE_THREADS`] a row even where the
 /// launcher would spread each row over a cluster or launch half blocks (the same output;
 /// for benchmarks and tests).
@@ -408,7 +412,10 @@ fn build_params(
         k: shape.k as i32,
         budget: shape.budget as i32,
         cache_lp: i32::from(shape.select_smem().1),
-        best_first: i32::from(stages & SELECT_BEST_FIRST != 0),
+        best_first: i32::from(
+            stages & SELECT_BEST_FIRST != 0
+                || launch::select_best_first(shape.budget, stages & SELECT_PARALLEL != 0),
+        ),
     }
 }
 
