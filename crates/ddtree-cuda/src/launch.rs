@@ -102,9 +102,13 @@ pub const BEST_FIRST_MAX_BUDGET: usize = 31;
 /// threshold, a block-wide step a level, the ranking). Measured on the H100 (BENCHMARKS.md,
 /// session 42; L = 15, V = 151,936): the warp at B = 7, 15, 23, 31 took 10.7, 16.1, 21.3,
 /// 26.8 µs at bs = 1 against 16.3, 22.3, 24.6, 25.6, and 10.9, 17.0, 22.5, 28.8 at bs = 64
-/// against 19.2, 24.2, 37.2, 37.7; at B = 39 it was 1.2x slower at bs = 1. Both give the
-/// SPEC's order exactly; `force_parallel` (a stage bit, for tests and benchmarks) keeps the
-/// parallel search at every budget.
+/// against 19.2, 24.2, 37.2, 37.7; at B = 39 it was 1.2x slower at bs = 1. Those are the
+/// bench's DFlash-like rows (a few strong tokens a depth: deep, narrow trees). On flat rows
+/// (`tests/gpu_sglang_bench.py`: Gaussian logits, bushy trees of two or three levels, where
+/// the parallel search runs few levels) the whole build at B = 15 was 1.02-1.05x slower
+/// with the warp (53.4 against 50.8 µs at bs = 1). Both give the SPEC's order exactly;
+/// `force_parallel` (a stage bit, for tests and benchmarks) keeps the parallel search at
+/// every budget.
 pub fn select_best_first(budget: usize, force_parallel: bool) -> bool {
     !force_parallel && budget <= BEST_FIRST_MAX_BUDGET
 }
