@@ -1,7 +1,8 @@
 // Entry point of SPEC stage 2: one block of kSelectThreads per request runs the parallel
 // threshold selection (include/ddtree/select_parallel.cuh); when ties defeat it, or when
-// asked (`best_first`, for benchmarks and tests), warp 0 runs the best-first frontier
-// (include/ddtree/select.cuh) on the same shared memory. Both give SPEC's order exactly.
+// asked (`best_first`: the launcher's choice up to B = 31, or forced for benchmarks and
+// tests), warp 0 runs the best-first frontier (include/ddtree/select.cuh) on the same shared
+// memory. Both give SPEC's order exactly.
 // Also decides each request's status (status.h: NaN/+inf draft logits, a root token outside
 // the vocabulary, a negative prefix length); a rejected request gets the root only.
 #include "ddtree/params.h"

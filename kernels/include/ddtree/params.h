@@ -96,7 +96,7 @@ struct BuildParams {
   Scratch scratch;
   int L, V, K, budget;
   int cache_lp;    // the best-first fallback caches the log-probs in shared memory
-  int best_first;  // force the best-first selection (benchmarks, tests)
+  int best_first;  // the best-first selection (small budgets; forced by benchmarks, tests)
 };
 static_assert(sizeof(BuildParams) == 192 && offsetof(BuildParams, logits) == 0 &&
               offsetof(BuildParams, s0) == 8 && offsetof(BuildParams, s1) == 16 &&
