@@ -44,7 +44,8 @@ def launch_build(tree: Tree, scratch: dict, draft_logits, root_tokens, prefix_le
                  stages=7) -> None:  # fmt: skip
     """SPEC stages 1–3 into the tensors of ``tree`` (three kernel launches; ``scratch`` holds
     the per-row int32 tensors of ``new_scratch``; ``stages`` is a bit mask 1 | 2 | 4 the
-    benchmark uses to time one stage at a time)."""
+    benchmark uses to time one stage at a time, with 8 forcing the best-first selection, 16
+    stage 1 one block a row and 32 the parallel selection, each the same tree)."""
     _core.cuda_build_tree(
         *launch_on(tree.device),
         draft_logits,
