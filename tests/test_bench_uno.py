@@ -158,6 +158,12 @@ def test_a_flashinfer_top_k_library_that_does_not_load_is_named(tmp_path, monkey
     with pytest.raises(SystemExit):  # --uno-topk that does not load is an argument error
         bench_gpu.load_uno(argparse.ArgumentParser(), str(uno_file()), str(missing))
     assert "--uno-topk:" in capsys.readouterr().err
+    # A UNO file that is missing is named as --uno's, a top-k library set or not.
+    monkeypatch.setenv("DDTREE_FLASHINFER_TOPK", str(missing))
+    with pytest.raises(SystemExit):
+        bench_gpu.load_uno(argparse.ArgumentParser(), str(tmp_path / "uno_tree.py"))
+    err = capsys.readouterr().err
+    assert "--uno: uno: no file" in err and "--uno-topk" not in err
 
 
 FLASHINFER_LIB = __import__("os").environ.get("DDTREE_FLASHINFER_TOPK")

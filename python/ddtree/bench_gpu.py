@@ -473,9 +473,9 @@ def load_uno(p: argparse.ArgumentParser, path: str | None, topk_lib: str | None 
         return None
     try:
         uno = bench_uno.load(path, topk_lib)
+    except bench_uno.TopKLibraryError as e:
+        p.error(f"--uno-topk: {e}")
     except (ImportError, AttributeError, OSError, SyntaxError, ValueError) as e:
-        if topk_lib or os.environ.get("DDTREE_FLASHINFER_TOPK"):
-            p.error(f"--uno-topk: {e}")
         if path or os.environ.get("DDTREE_SGLANG_WHEEL"):
             p.error(f"--uno: {e}")
         print(f"# UNO: could not load it ({type(e).__name__}: {e}); no UNO columns")

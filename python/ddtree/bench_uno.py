@@ -106,6 +106,25 @@ def find_file(path: str | None) -> tuple[Path, str] | None:
 _DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 
+class TopKLibraryError(OSError):
+    """The flashinfer top-k library named (``--uno-topk``, ``$DDTREE_FLASHINFER_TOPK``) could
+    not be loaded: told apart from a UNO file that fails to load."""
+
+
+def radix_topk_entry(lib_path: str | os.PathLike):
+    """``ddtree_fi_radix_topk`` of a library built by ``tests/flashinfer_topk/build.sh``,
+    typed: (dtype code, input, int32 ids, values, rows, k, d, row states, sorted,
+    deterministic, stream) -> cudaError_t."""
+    try:
+        run = ctypes.CDLL(str(lib_path)).ddtree_fi_radix_topk
+    except (OSError, AttributeError) as e:
+        raise TopKLibraryError(f"{lib_path}: {e}") from e
+    run.restype = ctypes.c_int
+    p, u = ctypes.c_void_p, ctypes.c_uint
+    run.argtypes = [ctypes.c_int, p, p, p, u, u, u, p, ctypes.c_int, ctypes.c_int, p]
+    return run
+
+
 def flashinfer_top_k(lib_path: str | os.PathLike) -> Callable:
     """``flashinfer.top_k`` (0.7.2) as UNO calls it, on the radix dispatch of a library built by
     ``tests/flashinfer_topk/build.sh`` from flashinfer's own headers. For ``sorted=True``,
@@ -113,11 +132,7 @@ def flashinfer_top_k(lib_path: str | os.PathLike) -> Callable:
     ``TopKDispatch`` unsorted into int32 ids and a zeroed 1 MiB row-state buffer kept per
     device, then ``torch.sort`` (descending, not stable) and a gather, the ids widened to
     int64. That branch is all the library has, so other calls raise ``ValueError``."""
-    lib = ctypes.CDLL(str(lib_path))
-    run = lib.ddtree_fi_radix_topk
-    run.restype = ctypes.c_int
-    p, u = ctypes.c_void_p, ctypes.c_uint
-    run.argtypes = [ctypes.c_int, p, p, p, u, u, u, p, ctypes.c_int, ctypes.c_int, p]
+    run = radix_topk_entry(lib_path)
     states: dict = {}
 
     def top_k(input: torch.Tensor, k: int, sorted: bool = False, deterministic: bool = False):  # noqa: A002

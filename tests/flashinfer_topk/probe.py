@@ -6,7 +6,6 @@ of graph replays (ddtree.bench_gpu.graph_time_us).
     DDTREE_FLASHINFER_TOPK=.../libfi_topk.so python tests/flashinfer_topk/probe.py
 """
 
-import ctypes
 import os
 
 import torch
@@ -15,9 +14,7 @@ from ddtree import bench_gpu, bench_uno
 
 lib = os.environ["DDTREE_FLASHINFER_TOPK"]
 top_k = bench_uno.flashinfer_top_k(lib)
-raw = ctypes.CDLL(lib).ddtree_fi_radix_topk
-p, u = ctypes.c_void_p, ctypes.c_uint
-raw.argtypes = [ctypes.c_int, p, p, p, u, u, u, p, ctypes.c_int, ctypes.c_int, p]
+raw = bench_uno.radix_topk_entry(lib)
 
 
 def times(x: torch.Tensor, k: int) -> tuple:
