@@ -25,7 +25,8 @@ def times(x: torch.Tensor, k: int) -> tuple:
 
     def dispatch():
         s = torch.cuda.current_stream().cuda_stream
-        err = raw(2, x.data_ptr(), ids.data_ptr(), vals.data_ptr(), rows, k, x.shape[1],
+        dtype = bench_uno._DTYPE_CODES[x.dtype]
+        err = raw(dtype, x.data_ptr(), ids.data_ptr(), vals.data_ptr(), rows, k, x.shape[1],
                   state.data_ptr(), 0, 0, s)  # fmt: skip
         assert err == 0, err
 
